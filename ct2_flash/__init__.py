@@ -1,0 +1,33 @@
+"""ct2-flash: exact speculative decoding for faster-whisper on a patched CTranslate2.
+
+Importing the package checks that the installed ``ctranslate2`` is the patched runtime and
+raises ``RuntimeInstallError`` with the fix when it is not.
+"""
+
+from .runtime_check import RuntimeInstallError, require_patched_runtime
+
+require_patched_runtime()
+
+from .acceptance import Acceptance, greedy_accept  # noqa: E402
+from .drafting import Drafter, DraftWindow, GreedyOptions, PromptLookupDrafter, Proposal  # noqa: E402
+from .models import UnknownModelError, available_models, resolve_model  # noqa: E402
+from .stats import SpecStats  # noqa: E402
+from .whisper_model import FlashWhisperModel  # noqa: E402
+
+__all__ = [
+    "Acceptance",
+    "Drafter",
+    "DraftWindow",
+    "FlashWhisperModel",
+    "GreedyOptions",
+    "PromptLookupDrafter",
+    "Proposal",
+    "RuntimeInstallError",
+    "SpecStats",
+    "UnknownModelError",
+    "available_models",
+    "greedy_accept",
+    "require_patched_runtime",
+    "resolve_model",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,128 @@
+"""The drafter interface and the built-in zero-cost drafter.
+
+A drafter proposes up to ``num_tokens`` tokens that follow the current anchor. It sees the
+window's encoder output once per ``generate()`` call (``begin``), the tokens generated so far
+(ending with the anchor), and, if it asks for them, the target's final decoder states at every
+kept cache position (``advance``). Drafters never touch the target's cache: after each round
+the controller tells them how long the cache now is and hands over the states of the positions
+that were added, so a drafter with its own cache rolls back to the same length.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GreedyOptions:
+    """The greedy ``generate()`` options that decide the output (checked by the adapter)."""
+
+    max_length: int = 448
+    suppress_blank: bool = True
+    suppress_tokens: Tuple[int, ...] = (-1,)
+    max_initial_timestamp_index: int = 50
+    length_penalty: float = 1.0
+
+
+@dataclass(frozen=True)
+class DraftWindow:
+    """One ``generate()`` call as a drafter sees it.
+
+    Attributes:
+        encoder_output: [frames, d_model] float32 encoder output of the window.
+        prompt: the full prompt (previous text, task tokens, forced prefix).
+        options: the greedy options of the call.
+        eot: the target's end-of-text id.
+    """
+
+    encoder_output: np.ndarray = field(repr=False)
+    prompt: Tuple[int, ...]
+    options: GreedyOptions
+    eot: int
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Draft tokens for one round.
+
+    Attributes:
+        tokens: [n] proposed tokens, n <= the number asked for (may be empty).
+        probs: [n, vocab] the drafter's probabilities for them, or None (greedy only).
+    """
+
+    tokens: Tuple[int, ...]
+    probs: Optional[np.ndarray] = None
+
+
+class Drafter(abc.ABC):
+    """Proposes tokens for the target to verify.
+
+    Attributes:
+        vocab_size: size of the vocabulary the drafter was built for, or None if it works with
+            any (checked against the target once, when the model is built).
+        needs_states: whether ``advance`` should receive the target's decoder states (their
+            recovery costs a little, so drafters that ignore them say so).
+    """
+
+    vocab_size: Optional[int] = None
+    needs_states: bool = False
+
+    @abc.abstractmethod
+    def begin(self, window: DraftWindow) -> None:
+        """Start a new sequence on a new window (drop all per-sequence caches)."""
+
+    @abc.abstractmethod
+    def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
+        """Propose up to ``num_tokens`` tokens after ``generated`` (which ends with the anchor).
+
+        Args:
+            generated: tokens produced after the decoder start token, forced prefix included.
+            num_tokens: the most tokens that can still be used (>= 1).
+        """
+
+    def advance(self, states: Optional[np.ndarray], cache_length: int) -> None:
+        """The target cache now holds ``cache_length`` positions.
+
+        Args:
+            states: [n, d_model] final decoder states of the last n positions (those added
+                this round), or None when ``needs_states`` is False.
+            cache_length: positions now in the target cache; a drafter with a cache of its own
+                keeps exactly the positions before this length.
+        """
+
+
+class PromptLookupDrafter(Drafter):
+    """Zero-cost drafter: copy what followed the latest earlier occurrence of the last n-gram.
+
+    It looks for the last ``max_ngram`` tokens (then shorter n-grams, down to ``min_ngram``) earlier in the prompt and
+    the generated text and proposes the tokens that followed there. It knows nothing of the
+    audio, so it only helps on repeated phrases; when it finds no match it proposes nothing,
+    which makes the round a plain greedy step. It is the default until a trained drafter ships.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("need 1 <= min_ngram <= max_ngram")
+        self.max_ngram = max_ngram
+        # A single matching token is a weak signal; a wrong block costs more than a step.
+        self.min_ngram = min_ngram
+        self._prompt: Tuple[int, ...] = ()
+
+    def begin(self, window: DraftWindow) -> None:
+        self._prompt = window.prompt
+
+    def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
+        history = list(self._prompt) + list(generated)
+        for size in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
+            pattern = history[-size:]
+            # Latest earlier occurrence first: recent context predicts best.
+            for start in range(len(history) - size - 1, -1, -1):
+                if history[start : start + size] == pattern:
+                    follow = history[start + size : start + size + num_tokens]
+                    if follow:
+                        return Proposal(tokens=tuple(follow))
+        return Proposal(tokens=())

@@ -1,0 +1,69 @@
+"""Counters of the speculative loop, kept on the model (``model.spec_stats``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass
+class SpecStats:
+    """What the speculative loop did since the last reset.
+
+    Attributes:
+        target_calls: target decoder passes (prefill counts as one, each verification as one).
+        draft_rounds: rounds in which the drafter was asked for tokens.
+        proposed: draft tokens sent to verification.
+        accepted: draft tokens the target agreed with.
+        emitted: tokens produced (accepted drafts, corrections, bonuses, first tokens).
+        accepted_by_position: [K] how often the draft at position j (0-based) was accepted.
+        proposed_by_position: [K] how often a draft at position j was proposed.
+        encoder_seconds / drafter_seconds / verify_seconds / other_seconds: wall time split.
+        generate_calls: speculative ``generate()`` rows decoded.
+        fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged.
+    """
+
+    target_calls: int = 0
+    draft_rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    accepted_by_position: List[int] = field(default_factory=list)
+    proposed_by_position: List[int] = field(default_factory=list)
+    encoder_seconds: float = 0.0
+    drafter_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    other_seconds: float = 0.0
+    generate_calls: int = 0
+    fallback_calls: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / proposed (0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        """emitted / target_calls (0 before the first call)."""
+        return self.emitted / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def decode_seconds(self) -> float:
+        """Time from encoder output to last token (drafter + verification + other)."""
+        return self.drafter_seconds + self.verify_seconds + self.other_seconds
+
+    def record_round(self, proposed: int, accepted: int) -> None:
+        grow = proposed - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for j in range(proposed):
+            self.proposed_by_position[j] += 1
+        for j in range(accepted):
+            self.accepted_by_position[j] += 1
+        self.proposed += proposed
+        self.accepted += accepted
+
+    def reset(self) -> None:
+        for name, value in SpecStats().__dict__.items():
+            setattr(self, name, value)

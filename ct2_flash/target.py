@@ -1,0 +1,202 @@
+"""The frozen Whisper target on the patched CTranslate2 runtime.
+
+This module is the only owner of decoder state. ``TargetRuntime`` wraps one loaded
+``ctranslate2.models.Whisper``; ``TargetRuntime.start`` prefills a prompt and returns a
+``TargetSequence`` that verifies blocks of tokens in one pass and rolls its KV cache back.
+
+Prefill mirrors CTranslate2's own ``generate()`` (``src/models/whisper.cc``): the tokens before
+the decoder start token go through one batched forward, the start token and any forced prefix
+through single steps. Keeping the same split keeps the computation, and so the floating point,
+as close as possible to what plain faster-whisper runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .ct2_weights import CT2ModelFile
+from .logit_rules import SpecialTokens
+
+# Rows of the tied embedding used to recover decoder states from logits. Any d_model
+# independent rows determine the state exactly; 1024 make the solve well conditioned while
+# costing ~0.3 ms for a 9-row block (the full-vocabulary solve costs ~17 ms).
+STATE_RECOVERY_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """Where the parts of a Whisper prompt are (CTranslate2 ``check_prompts``).
+
+    ``prompt[:start_index]`` is the context forwarded in one batch, ``prompt[start_index]`` the
+    decoder start token, ``prompt[start_index + 1:]`` the forced prefix.
+    """
+
+    sot_index: int
+    start_index: int
+    length: int
+
+    @classmethod
+    def of(cls, prompt: Sequence[int], special: SpecialTokens) -> "PromptLayout":
+        try:
+            sot_index = list(prompt).index(special.sot)
+        except ValueError:
+            raise ValueError("<|startoftranscript|> token was not found in the prompt") from None
+        end = sot_index
+        while end < len(prompt) and special.sot <= prompt[end] <= special.no_timestamps:
+            end += 1
+        return cls(sot_index=sot_index, start_index=end - 1, length=len(prompt))
+
+    @property
+    def prefix_length(self) -> int:
+        return self.length - self.start_index - 1
+
+
+@dataclass
+class PrefillResult:
+    """What the prompt gives before the first generated token.
+
+    Attributes:
+        sequence: the decoder state holder, positioned after the whole prompt.
+        sot_logits: [vocab] raw logits at the start-of-transcript position (no-speech prob).
+        next_logits: [vocab] raw logits at the last prompt position (first generated token).
+    """
+
+    sequence: "TargetSequence"
+    sot_logits: np.ndarray
+    next_logits: np.ndarray
+
+
+class TargetSequence:
+    """One decoder state: a KV cache over ``length`` positions that grows and rolls back."""
+
+    def __init__(self, model, state) -> None:
+        self._model = model
+        self._state = state
+
+    @property
+    def length(self) -> int:
+        """Number of positions in the KV cache."""
+        return int(self._state.current_step)
+
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        """Process ``tokens`` at positions ``length .. length + T - 1`` in one pass.
+
+        Returns:
+            [T, vocab] float32 raw logits; row j predicts the token after ``tokens[j]``.
+        """
+        tokens = [int(t) for t in tokens]
+        if len(tokens) == 1:
+            # forward_batch([t]) equals forward_step(t) bit for bit; the step is cheaper.
+            logits = self._model.forward_step(self._state, tokens[0])
+        else:
+            logits = self._model.forward_batch(self._state, tokens)
+        # np.asarray does not copy; the view is only valid until the next call on the model,
+        # so the caller gets its own copy.
+        return np.array(logits, dtype=np.float32).reshape(len(tokens), -1)
+
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` cache positions (1 <= length <= self.length)."""
+        if not 1 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
+        if length < self.length:
+            self._state.truncate_to_step(length)
+
+
+class TargetRuntime:
+    """The frozen target: encoder, prefill, and decoder-state recovery for one loaded model.
+
+    Args:
+        model: a loaded ``ctranslate2.models.Whisper`` from the patched runtime.
+        model_path: its directory (for ``model.bin`` and ``vocabulary.txt``/``tokenizer.json``).
+        special: the special-token ids of its vocabulary.
+        suppress_ids: the model's default ``suppress_ids`` (config.json), used for ``-1``.
+        suppress_ids_begin: the model's ``suppress_ids_begin`` (config.json).
+    """
+
+    def __init__(
+        self,
+        model,
+        model_path: str,
+        special: SpecialTokens,
+        suppress_ids: Sequence[int],
+        suppress_ids_begin: Sequence[int],
+    ) -> None:
+        self.model = model
+        self.model_path = model_path
+        self.special = special
+        self.suppress_ids = tuple(int(i) for i in suppress_ids)
+        self.suppress_ids_begin = tuple(int(i) for i in suppress_ids_begin)
+        self._recovery_rows: Optional[np.ndarray] = None
+        self._recovery_pinv: Optional[np.ndarray] = None
+
+    def start(self, encoder_output, prompt: Sequence[int]) -> PrefillResult:
+        """Prefill ``prompt`` against one window's encoder output.
+
+        Args:
+            encoder_output: StorageView [1, frames, d_model] from ``encode``.
+            prompt: full Whisper prompt (previous text, start-of-transcript, task tokens, prefix).
+        """
+        prompt = [int(t) for t in prompt]
+        layout = PromptLayout.of(prompt, self.special)
+        context = prompt[: layout.start_index]
+        steps = prompt[layout.start_index :]
+        sot_logits = None
+        if context:
+            if layout.sot_index < len(context) - 1:
+                # Multilingual task tokens follow <|startoftranscript|>: its logits are needed
+                # for the no-speech probability, so the context is forwarded in two parts.
+                state, logits = self.model.prefill(encoder_output, context[: layout.sot_index + 1])
+                sot_logits = _row(logits)
+                self.model.forward_batch(state, context[layout.sot_index + 1 :])
+            else:
+                state, logits = self.model.prefill(encoder_output, context)
+                if layout.sot_index == len(context) - 1:
+                    sot_logits = _row(logits)
+        else:
+            state, logits = self.model.prefill(encoder_output, steps[:1])
+            steps = steps[1:]
+            sot_logits = _row(logits)  # the start token is <|startoftranscript|> itself
+        for token in steps:
+            logits = self.model.forward_step(state, token)
+            if sot_logits is None:
+                sot_logits = _row(logits)
+        return PrefillResult(TargetSequence(self.model, state), sot_logits, _row(logits))
+
+    def no_speech_prob(self, sot_logits: np.ndarray) -> float:
+        """Softmax probability of <|nospeech|> from raw start-of-transcript logits [vocab]."""
+        shifted = sot_logits.astype(np.float32) - np.max(sot_logits)
+        probs = np.exp(shifted)
+        return float(probs[self.special.no_speech] / np.sum(probs))
+
+    def decoder_states(self, logits: np.ndarray) -> np.ndarray:
+        """Recover final (post-LayerNorm) decoder states from raw logits.
+
+        Whisper's output layer is the token embedding without bias, so logits = h @ E^T and h
+        is the least-squares solution on a fixed subset of embedding rows.
+
+        Args:
+            logits: [n, vocab] raw logits.
+
+        Returns:
+            [n, d_model] float32 decoder states.
+        """
+        if self._recovery_pinv is None:
+            embedding = self.embedding()
+            rng = np.random.default_rng(0)
+            rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
+            self._recovery_rows = rows
+            self._recovery_pinv = np.linalg.pinv(embedding[rows].astype(np.float64)).astype(np.float32)
+        return np.asarray(logits, dtype=np.float32)[:, self._recovery_rows] @ self._recovery_pinv.T
+
+    def embedding(self) -> np.ndarray:
+        """[vocab, d_model] float32 token embedding (the tied output projection)."""
+        return np.asarray(CT2ModelFile(self.model_path)["decoder/embeddings/weight"], dtype=np.float32)
+
+
+def _row(logits) -> np.ndarray:
+    """Copy the last position of a [1, vocab] or [1, T, vocab] StorageView into a [vocab] array."""
+    array = np.asarray(logits)
+    return np.array(array.reshape(-1, array.shape[-1])[-1], dtype=np.float32)

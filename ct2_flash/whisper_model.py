@@ -1,0 +1,215 @@
+"""The faster-whisper adapter: ``FlashWhisperModel`` and the runtime proxy behind it.
+
+faster-whisper routes every model call through ``WhisperModel.model`` (encode, generate,
+detect_language, align). ``FlashWhisperModel`` replaces that attribute with
+``SpeculativeWhisper``, which forwards everything to the CTranslate2 model except greedy
+``generate()`` rows, which it decodes with the speculative loop. ``transcribe()`` and
+``BatchedInferencePipeline`` are inherited unchanged, so every option they implement (VAD,
+word timestamps, prompts, fallback, long audio) behaves as in faster-whisper.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import ctranslate2
+import numpy as np
+from faster_whisper import WhisperModel
+
+from .decoding import SpeculativeDecoder
+from .drafting import Drafter, GreedyOptions, PromptLookupDrafter
+from .logit_rules import SpecialTokens
+from .models import resolve_model
+from .stats import SpecStats
+from .target import TargetRuntime
+
+logger = logging.getLogger("ct2_flash")
+
+# generate() options whose defaults make a call plain greedy decoding (CTranslate2 defaults
+# beam_size to 5, so it must be given explicitly).
+_GREEDY_DEFAULTS: Dict[str, Any] = {
+    "asynchronous": False,
+    "num_hypotheses": 1,
+    "repetition_penalty": 1,
+    "no_repeat_ngram_size": 0,
+    "return_logits_vocab": False,
+}
+_OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty")
+
+
+@dataclass
+class FlashGenerationResult:
+    """Stands in for ``ctranslate2.models.WhisperGenerationResult`` (one hypothesis)."""
+
+    sequences: List[List[str]]
+    sequences_ids: List[List[int]]
+    scores: List[float] = field(default_factory=list)
+    no_speech_prob: float = 0.0
+
+
+class SpeculativeWhisper:
+    """A ``ctranslate2.models.Whisper`` whose greedy ``generate()`` is speculative.
+
+    Every attribute not defined here is the wrapped model's.
+    """
+
+    def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str]) -> None:
+        self._model = model
+        self.decoder = decoder
+        self._vocabulary = vocabulary
+        self._fallback_reasons_logged: set = set()
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.decoder.stats
+
+    def encode(self, features, to_cpu: bool = False):
+        started = time.perf_counter()
+        output = self._model.encode(features, to_cpu=to_cpu)
+        self.stats.encoder_seconds += time.perf_counter() - started
+        return output
+
+    def generate(self, features, prompts, **kwargs):
+        """CTranslate2's ``Whisper.generate``; greedy calls run speculatively, row by row."""
+        reason = self._fallback_reason(prompts, kwargs)
+        if reason is not None:
+            if reason not in self._fallback_reasons_logged:
+                self._fallback_reasons_logged.add(reason)
+                logger.info("ct2-flash: %s; using CTranslate2's own generate() for such calls", reason)
+            self.stats.fallback_calls += 1
+            return self._model.generate(features, prompts, **kwargs)
+
+        options = GreedyOptions(
+            suppress_tokens=tuple(int(t) for t in kwargs.get("suppress_tokens", (-1,))),
+            **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
+        )
+        encoder_output = self._encoded(features)
+        rows = np.asarray(encoder_output)
+        results = []
+        for index, prompt in enumerate(prompts):
+            # Rows run one at a time: the patched decoder state has batch size 1.
+            row = encoder_output if len(prompts) == 1 else ctranslate2.StorageView.from_array(rows[index : index + 1])
+            decoded = self.decoder.decode(row, prompt, options)
+            results.append(
+                FlashGenerationResult(
+                    sequences=[[self._vocabulary[t] for t in decoded.tokens]],
+                    sequences_ids=[decoded.tokens],
+                    scores=[decoded.score] if kwargs.get("return_scores", False) else [],
+                    no_speech_prob=decoded.no_speech_prob if kwargs.get("return_no_speech_prob", False) else 0.0,
+                )
+            )
+        return results
+
+    def _encoded(self, features):
+        """Encoder output for ``features``, which may already be encoded."""
+        shape = features.shape
+        if len(shape) == 3 and shape[1] == self._model.n_mels and shape[2] != shape[1]:
+            return self.encode(features)
+        return features
+
+    def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
+        if kwargs.get("beam_size", 5) != 1:
+            return "beam search is not speculative"
+        if kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0:
+            return "temperature sampling is not speculative yet"
+        for name, default in _GREEDY_DEFAULTS.items():
+            if kwargs.get(name, default) != default:
+                return f"generate(..., {name}={kwargs[name]!r}) is not speculative"
+        unknown = set(kwargs) - set(_GREEDY_DEFAULTS) - set(_OPTION_NAMES) - {
+            "beam_size", "patience", "sampling_topk", "sampling_temperature",
+            "suppress_tokens", "return_scores", "return_no_speech_prob",
+        }
+        if unknown:
+            return f"generate() options {sorted(unknown)} are not speculative"
+        if any(not isinstance(t, (int, np.integer)) for prompt in prompts for t in prompt):
+            return "prompts given as token strings are not speculative"
+        return None
+
+
+class FlashWhisperModel(WhisperModel):
+    """faster-whisper's ``WhisperModel`` with exact speculative greedy decoding.
+
+    Args:
+        model_size_or_path: an embedded model name (``"tiny.en"``) or a CTranslate2 model
+            directory. Nothing is ever downloaded.
+        *args, **kwargs: every ``WhisperModel`` constructor argument (device, compute_type,
+            cpu_threads, ...).
+        drafter: the drafter; None uses ``PromptLookupDrafter``, a zero-cost built-in that only
+            helps on repeated phrases (the trained Whisper-Flash drafter replaces it).
+        num_draft_tokens: K, the most tokens proposed per verification (default 8).
+    """
+
+    def __init__(
+        self,
+        model_size_or_path: str = "tiny.en",
+        *args,
+        drafter: Optional[Drafter] = None,
+        num_draft_tokens: int = 8,
+        **kwargs,
+    ) -> None:
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        model_path = resolve_model(model_size_or_path)
+        super().__init__(model_path, *args, **kwargs)
+        special, vocabulary = _load_vocabulary(model_path)
+        drafter = PromptLookupDrafter() if drafter is None else drafter
+        if drafter.vocab_size is not None and drafter.vocab_size != special.vocab_size:
+            raise ValueError(
+                f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens but the "
+                f"model in {model_path} has {special.vocab_size}: use a drafter trained for this model"
+            )
+        config = _load_config(model_path)
+        runtime = TargetRuntime(
+            self.model,
+            model_path,
+            special,
+            suppress_ids=config.get("suppress_ids", ()),
+            suppress_ids_begin=config.get("suppress_ids_begin", ()),
+        )
+        decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats())
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
+
+    @property
+    def drafter(self) -> Drafter:
+        return self.model.decoder.drafter
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Counters of the speculative loop since the last ``reset_spec_stats()``."""
+        return self.model.stats
+
+    def reset_spec_stats(self) -> None:
+        self.model.stats.reset()
+
+
+def _load_config(model_path: str) -> Dict[str, Any]:
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def _load_vocabulary(model_path: str):
+    """The CTranslate2 vocabulary (vocabulary.txt or vocabulary.json) and its special ids."""
+    text_path = os.path.join(model_path, "vocabulary.txt")
+    json_path = os.path.join(model_path, "vocabulary.json")
+    if os.path.isfile(text_path):
+        with open(text_path, encoding="utf-8") as stream:
+            tokens = stream.read().split("\n")
+        if tokens and tokens[-1] == "":
+            tokens.pop()
+    elif os.path.isfile(json_path):
+        with open(json_path, encoding="utf-8") as stream:
+            tokens = json.load(stream)
+    else:
+        raise FileNotFoundError(f"no vocabulary.txt or vocabulary.json in {model_path}")
+    return SpecialTokens.from_vocabulary(tokens), tokens
