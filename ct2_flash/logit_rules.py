@@ -87,6 +87,11 @@ class LogitRules:
     max_initial_timestamp_id: int
     sample_begin: int
 
+    def __post_init__(self) -> None:
+        # Index arrays built once: this runs for every verified row.
+        object.__setattr__(self, "_suppress", np.asarray(self.suppress_ids, dtype=np.int64))
+        object.__setattr__(self, "_suppress_begin", np.asarray(self.suppress_begin_ids, dtype=np.int64))
+
     def apply(self, logits: np.ndarray, generated: Sequence[int]) -> None:
         """Edit the logits of the next position in place.
 
@@ -95,10 +100,9 @@ class LogitRules:
             generated: tokens produced so far (prefix included); ``len(generated)`` is the step.
         """
         step = len(generated)
-        if self.suppress_ids:
-            logits[list(self.suppress_ids)] = _DISABLED
-        if self.suppress_begin_ids and step == self.sample_begin:
-            logits[list(self.suppress_begin_ids)] = _DISABLED
+        logits[self._suppress] = _DISABLED
+        if step == self.sample_begin:
+            logits[self._suppress_begin] = _DISABLED
         if self.timestamps:
             self._apply_timestamp_rules(logits, generated, step)
 
@@ -131,10 +135,12 @@ class LogitRules:
                         logits[ts_begin : token + 1] = _DISABLED
                         break
         if check_timestamp_mass:
-            log_probs = log_softmax(logits)
-            timestamp_mass = _logsumexp(log_probs[ts_begin:])
-            if timestamp_mass > np.max(log_probs[:ts_begin]):
-                logits[:ts_begin] = _DISABLED
+            # If the probability mass of all timestamps beats every single text token, the
+            # next token must be a timestamp (compared in log space, as CTranslate2 does).
+            text = logits[:ts_begin]
+            timestamp_mass = _logsumexp(logits[ts_begin:])
+            if timestamp_mass > np.max(text):
+                text[:] = _DISABLED
 
     def choose(self, logits: np.ndarray, generated: Sequence[int]) -> Tuple[int, float]:
         """Apply the rules and pick greedily.
@@ -157,7 +163,3 @@ def _logsumexp(values: np.ndarray) -> float:
         return float(peak)
     return float(peak + np.log(np.sum(np.exp(values - peak))))
 
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """[vocab] -> [vocab] log-probabilities (``-inf`` stays ``-inf``)."""
-    return logits - _logsumexp(logits)

@@ -1,0 +1,83 @@
+"""Time a faster-whisper model on one input: the whole path and the decode part.
+
+Used by the demo and the benchmark so both systems are measured the same way. The decode part
+is the time spent in ``generate()`` (encoder output to last token); the whole path is waveform
+to final segments, features, encoder, VAD and word alignment included.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, List
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One transcription of one input.
+
+    Attributes:
+        text: the joined segment texts.
+        tokens: every segment's tokens, in order.
+        segments: (start, end, text) per segment.
+        whole_seconds: waveform to segments.
+        encode_seconds: time in the encoder.
+        decode_seconds: time in ``generate()``.
+    """
+
+    text: str
+    tokens: List[List[int]]
+    segments: List[tuple]
+    whole_seconds: float
+    encode_seconds: float
+    decode_seconds: float
+
+
+class _Timed:
+    """Forwards to a CTranslate2-like model and adds up encode and generate time."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self.encode_seconds = 0.0
+        self.generate_seconds = 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def encode(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self._model.encode(*args, **kwargs)
+        finally:
+            self.encode_seconds += time.perf_counter() - started
+
+    def generate(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self._model.generate(*args, **kwargs)
+        finally:
+            self.generate_seconds += time.perf_counter() - started
+
+
+def measure(model, audio: np.ndarray, **transcribe_options: Any) -> Measurement:
+    """Transcribe ``audio`` (float32 16 kHz mono) with ``model`` and time it."""
+    inner = model.model
+    timed = _Timed(inner)
+    model.model = timed
+    try:
+        started = time.perf_counter()
+        segments, _ = model.transcribe(audio, **transcribe_options)
+        segments = list(segments)
+        whole = time.perf_counter() - started
+    finally:
+        model.model = inner
+    return Measurement(
+        text="".join(segment.text for segment in segments).strip(),
+        tokens=[list(segment.tokens) for segment in segments],
+        segments=[(segment.start, segment.end, segment.text) for segment in segments],
+        whole_seconds=whole,
+        encode_seconds=timed.encode_seconds,
+        decode_seconds=timed.generate_seconds,
+    )

@@ -1,0 +1,74 @@
+"""Shared fixtures: the embedded tiny.en model, committed test speech, reference outputs.
+
+Everything here is offline and CPU-only. Models are loaded once per session and compute type;
+reference transcriptions from plain faster-whisper are computed once per option set.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+from faster_whisper import WhisperModel, decode_audio
+
+from ct2_flash import FlashWhisperModel, resolve_model
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+CLIP_PATHS = sorted(glob.glob(os.path.join(DATA, "clip*.ogg")))
+LONG_PATH = os.path.join(DATA, "long_multi_voice.ogg")
+THREADS = 2
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    return resolve_model("tiny.en")
+
+
+@pytest.fixture(scope="session")
+def clips() -> Dict[str, np.ndarray]:
+    """Name -> float32 16 kHz waveform: 14 clips of 2-25 s and one of 94 s."""
+    audio = {os.path.basename(path): decode_audio(path) for path in CLIP_PATHS + [LONG_PATH]}
+    assert len(audio) >= 13
+    return audio
+
+
+class ModelPair:
+    """A plain faster-whisper model and a FlashWhisperModel on the same engine settings."""
+
+    def __init__(self, path: str, compute_type: str) -> None:
+        self.compute_type = compute_type
+        self.baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=THREADS)
+        self.flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=THREADS)
+        self._references: Dict[Tuple, List] = {}
+
+    def reference(self, name: str, audio: np.ndarray, **options) -> List:
+        key = (name, tuple(sorted(options.items())))
+        if key not in self._references:
+            self._references[key] = segments_of(self.baseline, audio, **options)
+        return self._references[key]
+
+
+def segments_of(model, audio: np.ndarray, **options) -> List[tuple]:
+    """Segments as comparable tuples: (tokens, start, end, text)."""
+    segments, _ = model.transcribe(audio, **options)
+    return [(tuple(s.tokens), s.start, s.end, s.text) for s in segments]
+
+
+_PAIRS: Dict[str, ModelPair] = {}
+
+
+@pytest.fixture(scope="session", params=["float32", "int8"])
+def pair(request, model_path) -> ModelPair:
+    if request.param not in _PAIRS:
+        _PAIRS[request.param] = ModelPair(model_path, request.param)
+    return _PAIRS[request.param]
+
+
+@pytest.fixture(scope="session")
+def float32_pair(model_path) -> ModelPair:
+    if "float32" not in _PAIRS:
+        _PAIRS["float32"] = ModelPair(model_path, "float32")
+    return _PAIRS["float32"]

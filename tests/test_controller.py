@@ -1,0 +1,169 @@
+"""The decode loop's anchor, cache and budget rules, on a fake target with a known script.
+
+The fake target predicts ``SCRIPT[i]`` after the first i generated tokens when they match the
+script, and a wrong token otherwise, so every draft outcome is known in advance.
+"""
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+import pytest
+
+from ct2_flash.decoding import SpeculativeDecoder
+from ct2_flash.drafting import Drafter, DraftWindow, GreedyOptions, Proposal
+from ct2_flash.logit_rules import SpecialTokens
+from ct2_flash.stats import SpecStats
+from ct2_flash.target import PrefillResult
+
+SPECIAL = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, vocab_size=51864)
+PROMPT = [SPECIAL.sot, SPECIAL.no_timestamps]
+SCRIPT = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, SPECIAL.eot]
+WRONG = 999
+
+
+def one_hot(token: int) -> np.ndarray:
+    row = np.zeros(SPECIAL.vocab_size, dtype=np.float32)
+    row[token] = 10.0
+    return row
+
+
+class FakeSequence:
+    def __init__(self, prompt: List[int]) -> None:
+        self.tokens = list(prompt)
+        self.prompt_length = len(prompt)
+        self.verify_log: List[tuple] = []  # (cache length before, tokens fed)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def predict(self) -> int:
+        generated = self.tokens[self.prompt_length :]
+        if len(generated) < len(SCRIPT) and generated == SCRIPT[: len(generated)]:
+            return SCRIPT[len(generated)]
+        return WRONG
+
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        self.verify_log.append((self.length, list(tokens)))
+        rows = []
+        for token in tokens:
+            self.tokens.append(token)
+            rows.append(one_hot(self.predict()))
+        return np.stack(rows)
+
+    def rollback(self, length: int) -> None:
+        assert 1 <= length <= self.length
+        del self.tokens[length:]
+
+
+class FakeRuntime:
+    special = SPECIAL
+    suppress_ids = ()
+    suppress_ids_begin = ()
+
+    def __init__(self) -> None:
+        self.sequence: Optional[FakeSequence] = None
+
+    def start(self, encoder_output, prompt):
+        self.sequence = FakeSequence(list(prompt))
+        return PrefillResult(self.sequence, one_hot(0), one_hot(SCRIPT[0]))
+
+    def no_speech_prob(self, sot_logits) -> float:
+        return 0.0
+
+    def decoder_states(self, logits: np.ndarray) -> np.ndarray:
+        return logits[:, :4]
+
+
+class ScriptDrafter(Drafter):
+    """Proposes the script, with chosen positions made wrong; records what it was asked."""
+
+    needs_states = True
+
+    def __init__(self, wrong_at: Sequence[int] = ()) -> None:
+        self.wrong_at = set(wrong_at)
+        self.requests: List[tuple] = []
+        self.advances: List[tuple] = []
+
+    def begin(self, window: DraftWindow) -> None:
+        pass
+
+    def propose(self, generated, num_tokens):
+        self.requests.append((len(generated), num_tokens))
+        start = len(generated)
+        # Tokens past the end of text exercise an end-of-text inside the block.
+        source = SCRIPT + [21, 22, 23]
+        tokens = [WRONG if start + j in self.wrong_at else t for j, t in enumerate(source[start : start + num_tokens])]
+        return Proposal(tokens=tuple(tokens))
+
+    def advance(self, states, cache_length):
+        self.advances.append((None if states is None else states.shape, cache_length))
+
+
+def run(drafter: Drafter, k: int = 4, max_length: int = 448):
+    runtime = FakeRuntime()
+    stats = SpecStats()
+    result = SpeculativeDecoder(runtime, drafter, k, stats).decode(
+        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, GreedyOptions(max_length=max_length, suppress_blank=False, suppress_tokens=())
+    )
+    return result, runtime.sequence, stats
+
+
+def test_all_accepted_with_bonus_and_eot_inside_block():
+    drafter = ScriptDrafter()
+    result, sequence, stats = run(drafter, k=4)
+    assert result.tokens == SCRIPT[:-1]
+    # Round 1: anchor 11 at position 2, drafts 12..15 all accepted, bonus 16 -> cache 2+1+4.
+    assert sequence.verify_log[0] == (2, [11, 12, 13, 14, 15])
+    assert drafter.advances[0] == ((5, 4), 7)
+    # Round 2: anchor 16 at position 7; drafts 17, 18, 19, 20 accepted, bonus EOT ends it.
+    assert sequence.verify_log[1] == (7, [16, 17, 18, 19, 20])
+    assert len(sequence.verify_log) == 2
+    assert stats.target_calls == 3 and stats.emitted == len(SCRIPT)
+    assert stats.accepted == stats.proposed == 8
+
+
+def test_end_of_text_accepted_inside_block_stops_without_bonus():
+    drafter = ScriptDrafter()
+    result, sequence, stats = run(drafter, k=8)
+    # Round 1 accepts 8 drafts (12..19), bonus 20; round 2 proposes [EOT, 21, 22, ...] after
+    # anchor 20, EOT is accepted and ends the transcript: no bonus, nothing after it.
+    assert sequence.verify_log[1] == (11, [20, SPECIAL.eot, 21, 22, 23])
+    assert len(sequence.verify_log) == 2
+    assert result.tokens == SCRIPT[:-1]
+    assert stats.emitted == len(SCRIPT)
+
+
+def test_early_mismatch_rolls_back_and_corrects():
+    drafter = ScriptDrafter(wrong_at=[2])
+    result, sequence, stats = run(drafter, k=4)
+    assert result.tokens == SCRIPT[:-1]
+    # Draft for position 2 (token 13) is wrong: one draft (12) accepted, 13 is the correction.
+    assert sequence.verify_log[0] == (2, [11, 12, WRONG, 14, 15])
+    assert drafter.advances[0] == ((2, 4), 4)
+    assert sequence.verify_log[1][0] == 4
+    # Round 2 (anchor 13) accepts 14..17 and adds bonus 18; round 3 accepts 19 and EOT.
+    assert stats.accepted_by_position == [3, 2, 1, 1]
+    assert stats.proposed_by_position == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("max_length, expected_steps", [(6, 3), (8, 4), (12, 6), (7, 3)])
+def test_budget_caps_proposals_at_remaining_minus_one(max_length, expected_steps):
+    drafter = ScriptDrafter()
+    result, sequence, stats = run(drafter, k=8, max_length=max_length)
+    # CTranslate2: at most min(max_length // 2, max_length - context) steps; context = 1 here.
+    assert len(result.tokens) == expected_steps
+    emitted = 1
+    for generated_length, asked in drafter.requests:
+        remaining = expected_steps - generated_length
+        assert asked == min(8, remaining - 1)
+        emitted = generated_length
+    assert stats.emitted == expected_steps
+
+
+def test_cache_always_one_behind_the_text():
+    drafter = ScriptDrafter(wrong_at=[1, 5, 6])
+    result, sequence, _ = run(drafter, k=3)
+    assert result.tokens == SCRIPT[:-1]
+    for (cache_length, fed), (generated_length, _) in zip(sequence.verify_log, drafter.requests):
+        assert cache_length == len(PROMPT) + generated_length - 1
