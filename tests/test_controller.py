@@ -142,8 +142,8 @@ def test_early_mismatch_rolls_back_and_corrects():
     assert sequence.verify_log[0] == (2, [11, 12, WRONG, 14, 15])
     assert drafter.advances[0] == ((2, 4), 4)
     assert sequence.verify_log[1][0] == 4
-    # Round 2 (anchor 13) accepts 14..17 and adds bonus 18; round 3 accepts 19 and EOT.
-    assert stats.accepted_by_position == [3, 2, 1, 1]
+    # Round 2 (anchor 13) accepts 14..17 and adds bonus 18; round 3 accepts 19, 20 and EOT.
+    assert stats.accepted_by_position == [3, 2, 2, 1]
     assert stats.proposed_by_position == [3, 3, 3, 3]
 
 
