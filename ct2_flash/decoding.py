@@ -172,7 +172,8 @@ class SpeculativeDecoder:
                 stats.drafter_seconds += time.perf_counter() - drafter_started
 
         stats.generate_calls += 1
-        tokens = generated[:-1] if generated[-1] == special.eot else generated
+        # CTranslate2 keeps no end-of-text in hypotheses, even one forced by a prefix.
+        tokens = [token for token in generated if token != special.eot]
         stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds - verify_before) - (
             stats.drafter_seconds - drafter_before
         )
