@@ -97,7 +97,10 @@ class SpeculativeDecoder:
         rules = self.rules_for(prompt, options)
         generated: List[int] = prompt[layout.start_index + 1 :]  # forced prefix
         max_steps = min(options.max_length // 2, options.max_length - layout.start_index)
-        steps_left = max_steps  # greedy steps allowed after the prefix
+        if max_steps == 0:
+            raise ValueError("The maximum decoding length must be > 0")  # CTranslate2's check
+        # Forced prefix steps count against the budget (CTranslate2 returns the prefix).
+        steps_left = max_steps - len(generated)
         log_prob_sum = 0.0
 
         verify_started = time.perf_counter()
@@ -106,6 +109,12 @@ class SpeculativeDecoder:
         stats.target_calls += 1
         sequence = prefill.sequence
         no_speech_prob = self.runtime.no_speech_prob(prefill.sot_logits)
+        if steps_left <= 0:
+            # The budget ends inside the forced prefix (or is negative, which CTranslate2
+            # treats as no step at all): no sampled step, score 0.
+            tokens = [token for token in generated[: max(0, max_steps)] if token != special.eot]
+            stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds - verify_before)
+            return DecodeResult(tokens=tokens, score=0.0, no_speech_prob=no_speech_prob)
 
         token, log_prob = rules.choose(prefill.next_logits, generated)
         generated.append(token)

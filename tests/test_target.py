@@ -1,0 +1,114 @@
+"""The target runtime against CTranslate2 itself: rows, rollback, states, no-speech, scores."""
+
+import numpy as np
+import pytest
+from ctranslate2 import StorageView
+
+from ct2_flash.drafting import GreedyOptions
+
+
+def encode(model, audio):
+    features = model.feature_extractor(audio[: 30 * 16000])[..., :3000]
+    features = np.pad(features, ((0, 0), (0, 3000 - features.shape[-1])))
+    return model.model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
+
+
+@pytest.fixture(scope="module")
+def window(float32_pair, clips):
+    return encode(float32_pair.flash, clips["clip08_slt.ogg"])
+
+
+def prompts(model):
+    previous = model.hf_tokenizer.encode(" The boat left at dawn.", add_special_tokens=False).ids
+    return {
+        "timestamps": [50257],
+        "no timestamps": [50257, 50362],
+        "previous text": [50360, *previous, 50257],
+        "previous text, no timestamps": [50360, *previous, 50257, 50362],
+        "prefix": [50257, 50362, *model.hf_tokenizer.encode(" A large", add_special_tokens=False).ids],
+    }
+
+
+def test_verify_rows_match_single_steps_and_rollback(float32_pair, window):
+    runtime = float32_pair.flash.model.decoder.runtime
+    tokens = [50363, 317, 1588, 2546, 287, 20262, 318, 1327, 284]
+    stepwise = runtime.start(window, [50257])
+    step_rows = np.stack([stepwise.sequence.verify([t])[0] for t in tokens])
+    batched = runtime.start(window, [50257])
+    length = batched.sequence.length
+    rows = batched.sequence.verify(tokens)
+    assert rows.shape == (len(tokens), 51864)
+    np.testing.assert_allclose(rows, step_rows, atol=1e-4)
+    # Roll back to the anchor + 2 positions and process a different continuation.
+    batched.sequence.rollback(length + 3)
+    assert batched.sequence.length == length + 3
+    again = batched.sequence.verify(tokens[3:5])
+    np.testing.assert_allclose(again, step_rows[3:5], atol=1e-4)
+    with pytest.raises(ValueError):
+        batched.sequence.rollback(0)
+
+
+def test_decoder_states_match_exact_solve(float32_pair, window):
+    runtime = float32_pair.flash.model.decoder.runtime
+    prefill = runtime.start(window, [50257])
+    logits = prefill.sequence.verify([50363, 317, 1588, 2546, 287])
+    states = runtime.decoder_states(logits)
+    embedding = runtime.embedding().astype(np.float64)
+    exact = np.linalg.lstsq(embedding, logits.T.astype(np.float64), rcond=None)[0].T
+    assert states.shape == (5, 384)
+    relative = np.linalg.norm(states - exact, axis=1) / np.linalg.norm(exact, axis=1)
+    assert relative.max() < 1e-3
+    # And the recovered states reproduce the logits through the tied embedding.
+    np.testing.assert_allclose(states @ embedding.T, logits, atol=1e-2)
+
+
+@pytest.mark.parametrize("name", ["timestamps", "no timestamps", "previous text", "previous text, no timestamps", "prefix"])
+def test_tokens_score_and_no_speech_match_generate(float32_pair, window, name):
+    flash = float32_pair.flash
+    prompt = prompts(flash)[name]
+    options = dict(beam_size=1, return_scores=True, return_no_speech_prob=True, max_initial_timestamp_index=50)
+    expected = flash.model._model.generate(window, [prompt], **options)[0]
+    got = flash.model.generate(window, [prompt], **options)[0]
+    assert got.sequences_ids == expected.sequences_ids
+    assert got.sequences == expected.sequences
+    assert abs(got.scores[0] - expected.scores[0]) < 1e-4
+    assert abs(got.no_speech_prob - expected.no_speech_prob) < 1e-6
+
+
+def test_max_length_budget_matches_generate(float32_pair, window):
+    flash = float32_pair.flash
+
+    def outcome(generate, prompt, max_length):
+        try:
+            result = generate(window, [prompt], beam_size=1, max_length=max_length, return_scores=True)[0]
+        except ValueError as error:  # CTranslate2 refuses a budget of exactly 0 steps
+            return str(error), None
+        return result.sequences_ids, result.scores[0]
+
+    for prompt in prompts(flash).values():
+        for max_length in (1, 2, 4, 9, 20, 23):
+            expected = outcome(flash.model._model.generate, prompt, max_length)
+            got = outcome(flash.model.generate, prompt, max_length)
+            assert got[0] == expected[0], (prompt, max_length)
+            if expected[1] is not None:
+                assert abs(got[1] - expected[1]) < 1e-4, (prompt, max_length)
+
+
+def test_suppression_options_match_generate(float32_pair, window):
+    flash = float32_pair.flash
+    for options in (
+        dict(suppress_blank=False),
+        dict(suppress_tokens=[]),
+        dict(suppress_tokens=[-1, 262, 13]),  # also suppress " the" and "."
+        dict(max_initial_timestamp_index=0),
+        dict(length_penalty=0.5),
+    ):
+        kwargs = dict(beam_size=1, return_scores=True, **options)
+        expected = flash.model._model.generate(window, [[50257]], **kwargs)[0]
+        got = flash.model.generate(window, [[50257]], **kwargs)[0]
+        assert got.sequences_ids == expected.sequences_ids, options
+        # CTranslate2's vectorised log-softmax is a few 1e-6 off per token, so compare the
+        # per-token mean (what length_penalty=1 gives) rather than the raw sum.
+        length, penalty = len(got.sequences_ids[0]), options.get("length_penalty", 1.0)
+        scale = length**penalty / length
+        assert abs(got.scores[0] - expected.scores[0]) * scale < 1e-4, options
