@@ -27,6 +27,17 @@ class GreedyOptions:
     max_initial_timestamp_index: int = 50
     length_penalty: float = 1.0
 
+    def generate_kwargs(self) -> dict:
+        """The same decoding as CTranslate2 ``Whisper.generate`` keyword arguments."""
+        return dict(
+            beam_size=1,
+            max_length=self.max_length,
+            suppress_blank=self.suppress_blank,
+            suppress_tokens=list(self.suppress_tokens),
+            max_initial_timestamp_index=self.max_initial_timestamp_index,
+            length_penalty=self.length_penalty,
+        )
+
 
 @dataclass(frozen=True)
 class DraftWindow:

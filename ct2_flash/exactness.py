@@ -53,18 +53,8 @@ def compare_window(
         options: greedy options.
     """
     runtime = decoder.runtime
-    reference = list(
-        runtime.model.generate(
-            encoder_output,
-            [list(prompt)],
-            beam_size=1,
-            max_length=options.max_length,
-            suppress_blank=options.suppress_blank,
-            suppress_tokens=list(options.suppress_tokens),
-            max_initial_timestamp_index=options.max_initial_timestamp_index,
-            length_penalty=options.length_penalty,
-        )[0].sequences_ids[0]
-    )
+    generated = runtime.model.generate(encoder_output, [list(prompt)], **options.generate_kwargs())
+    reference = list(generated[0].sequences_ids[0])
     speculative = decoder.decode(encoder_output, prompt, options).tokens
     first = next(
         (i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b),

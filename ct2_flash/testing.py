@@ -45,18 +45,8 @@ class OracleDrafter(Drafter):
         self._continuation = self._cache[key]
 
     def _reference(self, window: DraftWindow) -> List[int]:
-        options = window.options
         encoder_output = ctranslate2.StorageView.from_array(np.ascontiguousarray(window.encoder_output[None]))
-        result = self.reference_model.generate(
-            encoder_output,
-            [list(window.prompt)],
-            beam_size=1,
-            max_length=options.max_length,
-            suppress_blank=options.suppress_blank,
-            suppress_tokens=list(options.suppress_tokens),
-            max_initial_timestamp_index=options.max_initial_timestamp_index,
-            length_penalty=options.length_penalty,
-        )[0]
+        result = self.reference_model.generate(encoder_output, [list(window.prompt)], **window.options.generate_kwargs())[0]
         # sequences_ids holds the forced prefix too, so indices match `generated`; the end
         # of text is dropped by CTranslate2 and is proposed after the last token.
         return list(result.sequences_ids[0]) + [window.eot]

@@ -26,6 +26,9 @@ def prompts(model):
         "previous text": [50360, *previous, 50257],
         "previous text, no timestamps": [50360, *previous, 50257, 50362],
         "prefix": [50257, 50362, *model.hf_tokenizer.encode(" A large", add_special_tokens=False).ids],
+        # Task tokens after <|startoftranscript|>, as multilingual prompts have them.
+        "task tokens": [50360, *previous, 50257, 50358],
+        "task tokens, no timestamps": [50257, 50358, 50362],
     }
 
 
@@ -62,7 +65,18 @@ def test_decoder_states_match_exact_solve(float32_pair, window):
     np.testing.assert_allclose(states @ embedding.T, logits, atol=1e-2)
 
 
-@pytest.mark.parametrize("name", ["timestamps", "no timestamps", "previous text", "previous text, no timestamps", "prefix"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "timestamps",
+        "no timestamps",
+        "previous text",
+        "previous text, no timestamps",
+        "prefix",
+        "task tokens",
+        "task tokens, no timestamps",
+    ],
+)
 def test_tokens_score_and_no_speech_match_generate(float32_pair, window, name):
     flash = float32_pair.flash
     prompt = prompts(flash)[name]
