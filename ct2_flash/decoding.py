@@ -116,7 +116,7 @@ class SpeculativeDecoder:
             stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds - verify_before)
             return DecodeResult(tokens=tokens, score=0.0, no_speech_prob=no_speech_prob)
 
-        token, log_prob = rules.choose(prefill.next_logits, generated)
+        token, log_prob = rules.choose(prefill.next_logits.copy(), generated)
         generated.append(token)
         log_prob_sum += log_prob
         steps_left -= 1
@@ -133,6 +133,9 @@ class SpeculativeDecoder:
                     eot=special.eot,
                 )
             )
+            if self.drafter.needs_states:
+                # History starts with the last prompt position, whose logits prefill gave.
+                self.drafter.advance(self.runtime.decoder_states(prefill.next_logits[None]), sequence.length)
             stats.drafter_seconds += time.perf_counter() - drafter_started
 
         while not finished:
@@ -155,7 +158,8 @@ class SpeculativeDecoder:
 
             def target_token(row: int) -> int:
                 # Row `row` sees the anchor and the first `row` drafts, all accepted so far.
-                choice, row_log_prob = rules.choose(logits[row], [*generated, *drafts[:row]])
+                # A copy: the raw rows stay intact for the drafter's state recovery.
+                choice, row_log_prob = rules.choose(logits[row].copy(), [*generated, *drafts[:row]])
                 row_log_probs.append(row_log_prob)
                 return choice
 

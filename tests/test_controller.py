@@ -115,7 +115,9 @@ def test_all_accepted_with_bonus_and_eot_inside_block():
     assert result.tokens == SCRIPT[:-1]
     # Round 1: anchor 11 at position 2, drafts 12..15 all accepted, bonus 16 -> cache 2+1+4.
     assert sequence.verify_log[0] == (2, [11, 12, 13, 14, 15])
-    assert drafter.advances[0] == ((5, 4), 7)
+    # The drafter first gets the last prompt position's state, then each round's kept ones.
+    assert drafter.advances[0] == ((1, 4), 2)
+    assert drafter.advances[1] == ((5, 4), 7)
     # Round 2: anchor 16 at position 7; drafts 17, 18, 19, 20 accepted, bonus EOT ends it.
     assert sequence.verify_log[1] == (7, [16, 17, 18, 19, 20])
     assert len(sequence.verify_log) == 2
@@ -140,7 +142,7 @@ def test_early_mismatch_rolls_back_and_corrects():
     assert result.tokens == SCRIPT[:-1]
     # Draft for position 2 (token 13) is wrong: one draft (12) accepted, 13 is the correction.
     assert sequence.verify_log[0] == (2, [11, 12, WRONG, 14, 15])
-    assert drafter.advances[0] == ((2, 4), 4)
+    assert drafter.advances[1] == ((2, 4), 4)
     assert sequence.verify_log[1][0] == 4
     # Round 2 (anchor 13) accepts 14..17 and adds bonus 18; round 3 accepts 19, 20 and EOT.
     assert stats.accepted_by_position == [3, 2, 2, 1]

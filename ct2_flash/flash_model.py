@@ -1,0 +1,306 @@
+"""The Whisper-Flash drafter network (PyTorch).
+
+Paper symbols, once: for an anchor y_t the drafter reads ``x = [E(y_t) ; m_1 .. m_K]`` (the
+anchor's token embedding and K learned mask vectors) at text positions t .. t+K and predicts
+y_{t+1} .. y_{t+K} from the mask positions in one pass. Each of the layers (initialised from
+the target's decoder blocks 0 and 1) does:
+
+1. self-attention of the block over ``[H ; x]`` in one softmax, where H is the projected
+   target history (final decoder states of positions < t); the block is bidirectional inside
+   itself; RoPE on queries and keys with explicit positions, so cached history keys keep theirs;
+2. cross-attention to the window's encoder output with the drafter's own key/value projections
+   (computed once per window);
+3. the feed-forward update.
+
+The token embedding (input and tied output head) and the encoder are the target's and frozen.
+Training packs up to 16 blocks per utterance into one pass with a mask that lets block n see
+history positions < t_n and its own block only (``block_attention_mask``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ct2_weights import CT2ModelFile
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What a drafter was trained against; loading it next to another target fails."""
+
+    model_name: str
+    vocab_size: int
+    d_model: int
+    n_mels: int
+    tokenizer_sha256: str
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Architecture of a drafter (stored as JSON next to its safetensors weights).
+
+    Attributes:
+        target: the target model it belongs to.
+        num_layers / num_heads / ffn_dim: the drafter's blocks (copied from the target's).
+        num_draft_tokens: K, mask positions per block.
+        history_taps: which target states make up the history (only "final" exists today:
+            the post-LayerNorm decoder state recovered from the logits).
+        rope_base: RoPE frequency base.
+        max_positions: the target's text context (positions are clamped to it).
+        shortlist_size: size of the draft-head vocabulary shortlist, 0 for the full vocabulary.
+    """
+
+    target: TargetIdentity
+    num_layers: int = 2
+    num_heads: int = 6
+    ffn_dim: int = 1536
+    num_draft_tokens: int = 8
+    history_taps: Tuple[str, ...] = ("final",)
+    rope_base: float = 10000.0
+    max_positions: int = 448
+    shortlist_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target.d_model % self.num_heads:
+            raise ValueError("d_model must be divisible by num_heads")
+        if (self.target.d_model // self.num_heads) % 2:
+            raise ValueError("RoPE needs an even head dimension")
+        if self.history_taps != ("final",):
+            raise ValueError(f"unsupported history taps {self.history_taps}; only ('final',) exists")
+        if self.num_draft_tokens < 1 or self.num_layers < 1:
+            raise ValueError("num_draft_tokens and num_layers must be >= 1")
+
+    @property
+    def d_model(self) -> int:
+        return self.target.d_model
+
+    @property
+    def history_dim(self) -> int:
+        return self.target.d_model * len(self.history_taps)
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, data: dict) -> "DrafterConfig":
+        data = dict(data)
+        data["target"] = TargetIdentity(**data["target"])
+        data["history_taps"] = tuple(data["history_taps"])
+        return cls(**data)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Apply RoPE.
+
+    Args:
+        x: [..., T, heads, head_dim]
+        positions: [..., T] integer positions.
+    Returns:
+        x rotated, same shape; phases are computed in float32 whatever x's dtype.
+    """
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
+    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]
+    first, second = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
+
+
+class DrafterLayer(nn.Module):
+    """One drafter block: self-attention over [history ; block], cross-attention, FFN."""
+
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, rope_base: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.rope_base = rope_base
+        self.self_norm = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.self_out = nn.Linear(d_model, d_model)
+        self.cross_norm = nn.LayerNorm(d_model)
+        self.cross_q = nn.Linear(d_model, d_model)
+        self.cross_kv = nn.Linear(d_model, 2 * d_model)
+        self.cross_out = nn.Linear(d_model, d_model)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.num_heads, -1))  # [..., T, heads, head_dim]
+
+    def history_kv(self, history: torch.Tensor, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of projected history.
+
+        Args:
+            history: [B, T, d] projected history states.
+            positions: [B, T] their text positions.
+        Returns:
+            keys, values: [B, T, heads, head_dim] (keys rotated).
+        """
+        _, k, v = self.qkv(self.self_norm(history)).chunk(3, dim=-1)
+        return rotate(self._heads(k), positions, self.rope_base), self._heads(v)
+
+    def cross_kv_of(self, encoder_output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """[B, F, d] encoder output -> keys, values [B, F, heads, head_dim] (once per window)."""
+        k, v = self.cross_kv(encoder_output).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        history_kv: Tuple[torch.Tensor, torch.Tensor],
+        cross_kv: Tuple[torch.Tensor, torch.Tensor],
+        mask: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """
+        Args:
+            x: [B, S, d] block tokens (one or several packed blocks).
+            positions: [B, S] their text positions.
+            history_kv: keys, values [B, T, heads, head_dim] of the history.
+            cross_kv: keys, values [B, F, heads, head_dim] of the encoder output.
+            mask: [B, S, T + S] boolean, True = may attend; None = everything visible.
+        Returns:
+            [B, S, d]
+        """
+        q, k, v = self.qkv(self.self_norm(x)).chunk(3, dim=-1)
+        q = rotate(self._heads(q), positions, self.rope_base)
+        k = torch.cat([history_kv[0], rotate(self._heads(k), positions, self.rope_base)], dim=1)
+        v = torch.cat([history_kv[1], self._heads(v)], dim=1)
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=None if mask is None else mask[:, None]
+        )
+        x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
+        q = self._heads(self.cross_q(self.cross_norm(x)))
+        attended = F.scaled_dot_product_attention(q.transpose(1, 2), cross_kv[0].transpose(1, 2), cross_kv[1].transpose(1, 2))
+        x = x + self.cross_out(attended.transpose(1, 2).flatten(-2))
+        return x + self.fc2(F.gelu(self.fc1(self.ffn_norm(x))))
+
+
+class FlashDrafterModel(nn.Module):
+    """The drafter network. Frozen: token embedding (input and tied head), position table."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, vocab, k = config.d_model, config.target.vocab_size, config.num_draft_tokens
+        self.register_buffer("token_embedding", torch.zeros(vocab, d), persistent=True)
+        self.register_buffer("position_embedding", torch.zeros(config.max_positions, d), persistent=True)
+        self.register_buffer("shortlist", torch.arange(vocab) if not config.shortlist_size else torch.zeros(config.shortlist_size, dtype=torch.long))
+        self.mask_embedding = nn.Parameter(torch.zeros(k, d))
+        self.history_proj = nn.Linear(config.history_dim, d)
+        self.layers = nn.ModuleList(
+            DrafterLayer(d, config.num_heads, config.ffn_dim, config.rope_base) for _ in range(config.num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d)
+
+    def embed_blocks(self, anchors: torch.Tensor, anchor_positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Block inputs and positions.
+
+        Args:
+            anchors: [B, N] anchor tokens; anchor_positions: [B, N] their positions t.
+        Returns:
+            x: [B, N * (K + 1), d] (each block = anchor then K masks), positions [B, N * (K + 1)].
+        """
+        k = self.config.num_draft_tokens
+        offsets = torch.arange(k + 1, device=anchors.device)
+        positions = anchor_positions[..., None] + offsets  # [B, N, K+1]
+        table = self.position_embedding[positions.clamp(max=self.config.max_positions - 1)]
+        anchor = self.token_embedding[anchors][:, :, None]  # [B, N, 1, d]
+        masks = self.mask_embedding.expand(*anchors.shape, k, -1)  # [B, N, K, d]
+        x = torch.cat([anchor, masks], dim=2) + table
+        return x.flatten(1, 2), positions.flatten(1, 2)
+
+    def project_history(self, states: torch.Tensor) -> torch.Tensor:
+        """[B, T, history_dim] target states -> [B, T, d]."""
+        return self.history_proj(states)
+
+    def cross_kv(self, encoder_output: torch.Tensor):
+        """Per-layer encoder keys/values for one window (reused every round)."""
+        return [layer.cross_kv_of(encoder_output) for layer in self.layers]
+
+    def history_kv(self, projected: torch.Tensor, positions: torch.Tensor):
+        """Per-layer history keys/values.
+
+        Caching them is exact because layer l's history keys depend only on the history
+        itself: history tokens are inputs of every layer, never updated by the block.
+        """
+        return [layer.history_kv(projected, positions) for layer in self.layers]
+
+    def forward_blocks(self, x, positions, history_kvs, cross_kvs, mask=None) -> torch.Tensor:
+        """Run packed blocks through the layers; returns [B, S, d] final-normalised states."""
+        for layer, history_kv, cross_kv in zip(self.layers, history_kvs, cross_kvs):
+            x = layer(x, positions, history_kv, cross_kv, mask)
+        return self.final_norm(x)
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [..., shortlist or vocab] draft logits through the tied embedding."""
+        return states @ self.token_embedding[self.shortlist].T
+
+    @torch.no_grad()
+    def init_from_target(self, model_bin: CT2ModelFile) -> None:
+        """Copy the target's embedding, positions, decoder blocks 0..L-1 and final norm."""
+        def tensor(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(model_bin[name], dtype=np.float32).copy())
+
+        self.token_embedding.copy_(tensor("decoder/embeddings/weight"))
+        self.position_embedding.copy_(tensor("decoder/position_encodings/encodings")[: self.config.max_positions])
+        # Masks start at the mean token embedding: a neutral "unknown word" input.
+        self.mask_embedding.copy_(self.token_embedding.mean(0).expand_as(self.mask_embedding))
+        # History states live in the target's final (normalised) space: start from identity.
+        self.history_proj.weight.copy_(torch.eye(self.config.d_model).repeat(1, len(self.config.history_taps)))
+        self.history_proj.bias.zero_()
+        for index, layer in enumerate(self.layers):
+            prefix = f"decoder/layer_{index}"
+            pairs = {
+                layer.self_norm: "self_attention/layer_norm",
+                layer.cross_norm: "attention/layer_norm",
+                layer.ffn_norm: "ffn/layer_norm",
+            }
+            for norm, name in pairs.items():
+                norm.weight.copy_(tensor(f"{prefix}/{name}/gamma"))
+                norm.bias.copy_(tensor(f"{prefix}/{name}/beta"))
+            linears = {
+                layer.qkv: "self_attention/linear_0",
+                layer.self_out: "self_attention/linear_1",
+                layer.cross_q: "attention/linear_0",
+                layer.cross_kv: "attention/linear_1",
+                layer.cross_out: "attention/linear_2",
+                layer.fc1: "ffn/linear_0",
+                layer.fc2: "ffn/linear_1",
+            }
+            for linear, name in linears.items():
+                linear.weight.copy_(tensor(f"{prefix}/{name}/weight"))
+                linear.bias.copy_(tensor(f"{prefix}/{name}/bias"))
+        self.final_norm.weight.copy_(tensor("decoder/layer_norm/gamma"))
+        self.final_norm.bias.copy_(tensor("decoder/layer_norm/beta"))
+
+
+def block_attention_mask(anchor_positions: torch.Tensor, history_length: torch.Tensor, history_size: int, k: int) -> torch.Tensor:
+    """Who may attend to whom when N blocks are packed after a history of ``history_size``.
+
+    Args:
+        anchor_positions: [B, N] position t_n of each block's anchor, as an index into the
+            history (history index i holds text position i + history_offset; callers pass
+            t_n - history_offset).
+        history_length: [B] valid history entries per row.
+        history_size: T, the padded history length.
+        k: draft tokens per block.
+    Returns:
+        [B, N * (K + 1), T + N * (K + 1)] boolean: block n sees history indices < t_n (and
+        < history_length) and the K + 1 tokens of its own block, nothing else.
+    """
+    batch, blocks = anchor_positions.shape
+    width = k + 1
+    history_index = torch.arange(history_size, device=anchor_positions.device)
+    sees_history = (history_index < anchor_positions[..., None]) & (history_index < history_length[:, None, None])
+    sees_history = sees_history[:, :, None, :].expand(batch, blocks, width, history_size)
+    block_id = torch.arange(blocks, device=anchor_positions.device).repeat_interleave(width)
+    sees_block = (block_id[:, None] == block_id[None, :]).expand(batch, -1, -1)
+    return torch.cat([sees_history.reshape(batch, blocks * width, history_size), sees_block], dim=-1)
