@@ -1,0 +1,147 @@
+"""The Whisper-Flash drafter network: masks, shapes, caching, checkpoints, exactness."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ct2_flash.ct2_weights import CT2ModelFile  # noqa: E402
+from ct2_flash.flash_drafter import (  # noqa: E402
+    CheckpointError,
+    DrafterMismatchError,
+    FlashDrafter,
+    check_target,
+    load_checkpoint,
+    save_checkpoint,
+    target_identity,
+)
+from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel, TargetIdentity, block_attention_mask  # noqa: E402
+
+from .conftest import segments_of  # noqa: E402
+
+
+def tiny_config(k=3, vocab=50, d=16) -> DrafterConfig:
+    target = TargetIdentity("tiny-random", vocab_size=vocab, d_model=d, n_mels=80, tokenizer_sha256="0" * 64)
+    return DrafterConfig(target=target, num_layers=2, num_heads=2, ffn_dim=32, num_draft_tokens=k, max_positions=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    model = FlashDrafterModel(tiny_config())
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+        model.token_embedding.normal_()
+        model.position_embedding.normal_()
+    return model.eval()
+
+
+def test_block_mask_sees_only_earlier_history_and_own_block():
+    k, history = 2, 6
+    mask = block_attention_mask(torch.tensor([[2, 5]]), torch.tensor([6]), history, k)
+    assert mask.shape == (1, 2 * (k + 1), history + 2 * (k + 1))
+    first, second = mask[0, : k + 1], mask[0, k + 1 :]
+    # Block at anchor index 2 sees history 0, 1 only, and itself bidirectionally.
+    assert first[:, :history].tolist() == [[True, True, False, False, False, False]] * (k + 1)
+    assert first[:, history:].tolist() == [[True] * (k + 1) + [False] * (k + 1)] * (k + 1)
+    assert second[:, :history].tolist() == [[True] * 5 + [False]] * (k + 1)
+    assert second[:, history:].tolist() == [[False] * (k + 1) + [True] * (k + 1)] * (k + 1)
+    # History beyond a row's valid length is never visible.
+    short = block_attention_mask(torch.tensor([[5]]), torch.tensor([3]), history, k)
+    assert short[0, 0, :history].tolist() == [True, True, True, False, False, False]
+
+
+def test_packed_blocks_equal_separate_rounds_with_cached_history(tiny_model):
+    """Training's packed pass and inference's cached rounds compute the same thing."""
+    model, k = tiny_model, tiny_model.config.num_draft_tokens
+    torch.manual_seed(1)
+    history = torch.randn(1, 10, 16)
+    encoder = torch.randn(1, 7, 16)
+    anchors, anchor_index = torch.tensor([[4, 9]]), torch.tensor([[3, 8]])
+    offset = 5  # text position of history index 0
+    cross = model.cross_kv(encoder)
+    projected = model.project_history(history)
+    positions = torch.arange(10)[None] + offset
+    x, block_positions = model.embed_blocks(anchors, anchor_index + offset)
+    mask = block_attention_mask(anchor_index, torch.tensor([10]), 10, k)
+    packed = model.forward_blocks(x, block_positions, model.history_kv(projected, positions), cross, mask)
+    for n in range(2):
+        t = int(anchor_index[0, n])
+        cached = model.history_kv(projected[:, :t], positions[:, :t])
+        xb, pb = model.embed_blocks(anchors[:, n : n + 1], anchor_index[:, n : n + 1] + offset)
+        alone = model.forward_blocks(xb, pb, cached, cross)
+        torch.testing.assert_close(packed[:, n * (k + 1) : (n + 1) * (k + 1)], alone, atol=1e-5, rtol=1e-5)
+    # A block never sees history at or after its anchor: changing it changes nothing.
+    changed = projected.clone()
+    changed[:, 3:] += torch.randn_like(changed[:, 3:])  # not a constant: LayerNorm would cancel it
+    again = model.forward_blocks(x, block_positions, model.history_kv(changed, positions), cross, mask)
+    torch.testing.assert_close(again[:, : k + 1], packed[:, : k + 1])
+    assert not torch.allclose(again[:, k + 1 :], packed[:, k + 1 :])
+
+
+def test_block_is_bidirectional(tiny_model):
+    model = tiny_model
+    k = model.config.num_draft_tokens
+    cross = model.cross_kv(torch.randn(1, 7, 16))
+    empty = [(torch.zeros(1, 0, 2, 8), torch.zeros(1, 0, 2, 8)) for _ in model.layers]
+    x, positions = model.embed_blocks(torch.tensor([[3]]), torch.tensor([[4]]))
+    base = model.forward_blocks(x, positions, empty, cross)
+    changed = x.clone()
+    changed[:, k] += torch.randn(16)  # the last mask token
+    out = model.forward_blocks(changed, positions, empty, cross)
+    assert not torch.allclose(out[:, 0], base[:, 0])  # the anchor sees the last mask
+
+
+@pytest.fixture(scope="module")
+def real_drafter_dir(model_path, tmp_path_factory):
+    config = DrafterConfig(target=target_identity(model_path, "tiny.en", 80))
+    model = FlashDrafterModel(config)
+    model.init_from_target(CT2ModelFile(model_path))
+    directory = str(tmp_path_factory.mktemp("drafter"))
+    save_checkpoint(model, directory)
+    return directory, model
+
+
+def test_checkpoint_round_trip(model_path, real_drafter_dir):
+    directory, model = real_drafter_dir
+    assert sorted(os.listdir(directory)) == ["drafter.json", "drafter.safetensors"]
+    loaded = load_checkpoint(directory, model_path)
+    assert loaded.config == model.config
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor, msg=name)
+
+
+def test_checkpoint_errors(model_path, real_drafter_dir, tmp_path):
+    directory, model = real_drafter_dir
+    with pytest.raises(CheckpointError, match="no drafter.json"):
+        load_checkpoint(str(tmp_path), model_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "drafter.json").write_text(open(os.path.join(directory, "drafter.json")).read())
+    (broken / "drafter.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_checkpoint(str(broken), model_path)
+    other = json.loads(open(os.path.join(directory, "drafter.json")).read())
+    other["target"]["vocab_size"] = 51865
+    with pytest.raises(DrafterMismatchError, match="vocab_size: drafter 51865 vs model 51864"):
+        check_target(DrafterConfig.from_json_dict(other), target_identity(model_path, "tiny.en", 80))
+
+
+def test_untrained_drafter_is_exact(float32_pair, clips, real_drafter_dir):
+    _, model = real_drafter_dir
+    flash = float32_pair.flash
+    decoder = flash.model.decoder
+    saved = decoder.drafter
+    decoder.drafter = FlashDrafter(model)
+    flash.reset_spec_stats()
+    try:
+        for name in ("clip05_kal16.ogg", "clip10_awb.ogg"):
+            expected = float32_pair.reference(name, clips[name], beam_size=1)
+            assert segments_of(flash, clips[name], beam_size=1) == expected
+    finally:
+        decoder.drafter = saved
+    assert flash.spec_stats.proposed > 0
