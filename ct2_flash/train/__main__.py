@@ -19,6 +19,16 @@ def main() -> None:
     synth.add_argument("--hours", type=float, default=10.0)
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--workers", type=int, default=2)
+    extract = steps.add_parser("extract", help="teacher tokens, states and encoder outputs (resumable)")
+    extract.add_argument("--model", default="tiny.en")
+    extract.add_argument("--threads", type=int, default=2)
+    fit = steps.add_parser("fit", help="train the drafter (resumable)")
+    fit.add_argument("--out", default=None, help="run directory (default: DATA/runs/main)")
+    fit.add_argument("--steps", type=int, default=3000)
+    fit.add_argument("--batch-size", type=int, default=8)
+    fit.add_argument("--validate-every", type=int, default=250)
+    fit.add_argument("--shortlist", type=int, default=8192)
+    fit.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     if args.step == "synth":
@@ -27,6 +37,19 @@ def main() -> None:
         entries = synthesize(args.data, args.hours, seed=args.seed, workers=args.workers)
         hours = sum(e["seconds"] for e in entries) / 3600
         logging.info("%d utterances, %.2f h in %s", len(entries), hours, args.data)
+    elif args.step == "extract":
+        from .extract import extract
+
+        count = extract(args.data, model_name=args.model, threads=args.threads)
+        logging.info("extracted %d utterances into %s", count, args.data)
+    elif args.step == "fit":
+        from .fit import FitConfig, fit
+
+        config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
+                           warmup_steps=min(150, args.steps // 10))
+        out = args.out or os.path.join(args.data, "runs", "main")
+        meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads)
+        logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
 
 
 if __name__ == "__main__":

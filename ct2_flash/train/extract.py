@@ -1,0 +1,84 @@
+"""Teacher extraction: what the frozen target does on every synthesized utterance.
+
+For each utterance: the encoder output of its (single) window, the target's own greedy tokens
+for a faster-whisper prompt (timestamps on for half of the utterances, off for the others, as
+users run both), and the target's final decoder states at the last prompt position and at
+every generated position, recovered from teacher-forced logits exactly as the decode loop
+recovers them at run time. Stored per utterance as ``teacher/<id>.npz`` (float16 arrays);
+``teacher.jsonl`` lists the finished ones, so the step resumes.
+
+The drafter learns the target's greedy continuation, not the reference text: that is what it
+will be asked to predict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Dict, List
+
+import numpy as np
+from ctranslate2 import StorageView
+
+N_FRAMES = 3000
+
+
+def prompt_for(utterance_id: str, special) -> List[int]:
+    """Timestamps on or off, chosen by a stable hash of the id."""
+    with_timestamps = hashlib.sha1(utterance_id.encode()).digest()[0] % 2 == 0
+    return [special.sot] if with_timestamps else [special.sot, special.no_timestamps]
+
+
+def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "float32", threads: int = 2, progress: bool = True) -> int:
+    """Extract teacher data for every synthesized utterance not done yet; returns the count."""
+    from tqdm import tqdm
+
+    from ..whisper_model import FlashWhisperModel
+
+    model = FlashWhisperModel(model_name, compute_type=compute_type, cpu_threads=threads)
+    runtime = model.model.decoder.runtime
+    special = runtime.special
+    out_dir = os.path.join(data_dir, "teacher")
+    os.makedirs(out_dir, exist_ok=True)
+    done_path = os.path.join(data_dir, "teacher.jsonl")
+    done = set()
+    if os.path.exists(done_path):
+        with open(done_path, encoding="utf-8") as stream:
+            done = {json.loads(line)["id"] for line in stream}
+    with open(os.path.join(data_dir, "manifest.jsonl"), encoding="utf-8") as stream:
+        entries = [json.loads(line) for line in stream]
+    pending = [e for e in entries if e["id"] not in done]
+    with open(done_path, "a", encoding="utf-8") as log:
+        for entry in tqdm(pending, desc="teacher", disable=not progress):
+            record = _extract_one(model, runtime, special, data_dir, out_dir, entry)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+    return len(pending)
+
+
+def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Dict) -> Dict:
+    audio = np.load(os.path.join(data_dir, "audio", f"{entry['id']}.npy")).astype(np.float32) / 32768.0
+    features = model.feature_extractor(audio)[..., :N_FRAMES]
+    features = np.pad(features, ((0, 0), (0, N_FRAMES - features.shape[-1])))
+    encoder_output = model.model._model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
+    prompt = prompt_for(entry["id"], special)
+    result = model.model._model.generate(encoder_output, [prompt], beam_size=1, max_initial_timestamp_index=50)[0]
+    tokens = list(result.sequences_ids[0])
+    ended = len(tokens) < 224  # stopped on end-of-text, not on the budget
+    full = tokens + ([special.eot] if ended else [])
+    prefill = runtime.start(encoder_output, prompt)
+    rows = [prefill.next_logits[None]]
+    if len(full) > 1:
+        rows.append(prefill.sequence.verify(full[:-1]))
+    states = runtime.decoder_states(np.concatenate(rows))  # [len(full), d]: positions before each target
+    np.savez(
+        os.path.join(out_dir, f"{entry['id']}.npz"),
+        encoder_output=np.asarray(encoder_output)[0].astype(np.float16),
+        states=states.astype(np.float16),
+        tokens=np.asarray(full, dtype=np.int32),
+        prompt=np.asarray(prompt, dtype=np.int32),
+    )
+    text = model.hf_tokenizer.decode([t for t in tokens if t < special.eot])
+    return {"id": entry["id"], "split": entry["split"], "voice": entry["voice"], "tokens": len(full),
+            "timestamps": len(prompt) == 1, "hypothesis": text.strip(), "reference": entry["text"]}

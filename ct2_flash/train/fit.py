@@ -1,0 +1,290 @@
+"""Train the drafter on teacher data, as Whisper-Flash describes.
+
+- Labels are the target's greedy continuation (teacher tokens), not reference text.
+- Up to 16 anchor blocks per utterance are packed into one pass; block n sees only history
+  positions strictly before its anchor (``block_attention_mask``).
+- Loss weight exp(-(j-1)/4) for draft position j = 1..K.
+- AdamW, linear warm-up, cosine decay, gradient clipping.
+- Checkpoints are chosen by mean accepted length in the real cached loop on validation
+  windows (``validate``), not by offline loss.
+
+State is saved every ``save_every`` steps as safetensors + JSON (weights, optimizer moments,
+step, best score), so ``fit`` resumes where it stopped. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ..ct2_weights import CT2ModelFile
+from ..flash_drafter import FlashDrafter, save_checkpoint, target_identity
+from ..flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Training hyper-parameters (checked once)."""
+
+    steps: int = 3000
+    batch_size: int = 8
+    blocks_per_utterance: int = 16
+    learning_rate: float = 3e-4
+    warmup_steps: int = 150
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    validate_every: int = 250
+    save_every: int = 50
+    validation_windows: int = 48
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or not 1 <= self.blocks_per_utterance <= 64:
+            raise ValueError("steps, batch_size >= 1 and 1 <= blocks_per_utterance <= 64 required")
+        if self.warmup_steps >= self.steps:
+            raise ValueError("warmup_steps must be below steps")
+
+
+@dataclass
+class Example:
+    """One teacher utterance.
+
+    Attributes:
+        encoder_output: [frames, d] float32.
+        states: [n, d] target final states; states[i] is at text position len(prompt) - 1 + i.
+        tokens: [n] the target's greedy tokens y_0 .. y_{n-1} (end-of-text last when reached).
+        prompt: the prompt tokens.
+    """
+
+    encoder_output: np.ndarray
+    states: np.ndarray
+    tokens: np.ndarray
+    prompt: np.ndarray
+
+
+def load_examples(data_dir: str, split: str, limit: Optional[int] = None) -> List[Example]:
+    with open(os.path.join(data_dir, "teacher.jsonl"), encoding="utf-8") as stream:
+        ids = [r["id"] for r in map(json.loads, stream) if r["split"] == split and r["tokens"] >= 2]
+    examples = []
+    for utterance_id in ids[:limit]:
+        with np.load(os.path.join(data_dir, "teacher", f"{utterance_id}.npz")) as data:
+            examples.append(Example(*(data[k] for k in ("encoder_output", "states", "tokens", "prompt"))))
+    return examples
+
+
+def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.Generator) -> Dict[str, torch.Tensor]:
+    """Pack up to ``blocks`` anchor blocks per utterance.
+
+    Returns tensors: encoder [B, F, d], history [B, T, d], history_positions [B, T],
+    history_length [B], anchors [B, N], anchor_index [B, N] (history entries visible to the
+    block = anchor index + 1), anchor_positions [B, N], labels [B, N, K].
+    """
+    batch, d = len(examples), examples[0].states.shape[1]
+    longest = max(len(e.tokens) for e in examples)
+    history = np.zeros((batch, longest, d), np.float32)
+    history_positions = np.zeros((batch, longest), np.int64)
+    history_length = np.zeros(batch, np.int64)
+    anchors = np.zeros((batch, blocks), np.int64)
+    visible = np.zeros((batch, blocks), np.int64)
+    anchor_positions = np.zeros((batch, blocks), np.int64)
+    labels = np.full((batch, blocks, k), IGNORE, np.int64)
+    for b, example in enumerate(examples):
+        n, offset = len(example.tokens), len(example.prompt) - 1
+        history[b, :n] = example.states
+        history_positions[b, :n] = offset + np.arange(n)
+        history_length[b] = n
+        choices = rng.choice(n - 1, size=min(blocks, n - 1), replace=False)  # anchors with a label
+        for slot, a in enumerate(sorted(choices)):
+            anchors[b, slot] = example.tokens[a]
+            visible[b, slot] = a + 1  # states 0..a: positions strictly before the anchor's
+            anchor_positions[b, slot] = offset + 1 + a
+            follow = example.tokens[a + 1 : a + 1 + k]
+            labels[b, slot, : len(follow)] = follow
+        for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
+            anchor_positions[b, slot] = offset + 1
+    encoder = np.stack([e.encoder_output for e in examples]).astype(np.float32)
+    as_tensor = torch.from_numpy
+    return {
+        "encoder": as_tensor(encoder), "history": as_tensor(history), "history_positions": as_tensor(history_positions),
+        "history_length": as_tensor(history_length), "anchors": as_tensor(anchors), "visible": as_tensor(visible),
+        "anchor_positions": as_tensor(anchor_positions), "labels": as_tensor(labels),
+    }
+
+
+def position_weights(k: int) -> torch.Tensor:
+    """exp(-(j-1)/4) for j = 1..K: early positions matter most, every later one needs them."""
+    return torch.exp(-torch.arange(k, dtype=torch.float32) / 4.0)
+
+
+def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor) -> torch.Tensor:
+    """Weighted cross-entropy over the K draft positions of every packed block."""
+    k = model.config.num_draft_tokens
+    x, positions = model.embed_blocks(batch["anchors"], batch["anchor_positions"])
+    mask = block_attention_mask(batch["visible"], batch["history_length"], batch["history"].shape[1], k)
+    projected = model.project_history(batch["history"])
+    states = model.forward_blocks(
+        x, positions, model.history_kv(projected, batch["history_positions"]), model.cross_kv(batch["encoder"]), mask
+    )
+    states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
+    logits = model.logits(states)  # [B, N, K, shortlist]
+    labels = batch["labels"]
+    targets = torch.where(labels >= 0, full_to_short[labels.clamp(min=0)], IGNORE)
+    losses = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    weights = position_weights(k).expand_as(labels).flatten() * (targets.flatten() != IGNORE)
+    return (losses * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def learning_rate(config: FitConfig, step: int) -> float:
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.learning_rate * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
+
+
+def shortlist_from(examples: Sequence[Example], size: int, special) -> np.ndarray:
+    """The draft-head vocabulary: all special and timestamp tokens plus the most frequent
+    tokens the target itself emitted in training (sorted ids)."""
+    counts = np.bincount(np.concatenate([e.tokens for e in examples]), minlength=special.vocab_size)
+    always = np.arange(special.eot, special.vocab_size)
+    text_budget = max(0, size - len(always))
+    frequent = np.argsort(-counts[: special.eot], kind="stable")[:text_budget]
+    return np.sort(np.concatenate([frequent, always]))
+
+
+def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> Dict[str, float]:
+    """Mean accepted length per round in the real cached loop on validation windows."""
+    from ctranslate2 import StorageView
+
+    from ..drafting import GreedyOptions
+
+    model.eval()
+    saved = decoder.drafter
+    decoder.drafter = FlashDrafter(model)
+    stats = decoder.stats
+    stats.reset()
+    try:
+        for example in examples:
+            encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
+            decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions())
+    finally:
+        decoder.drafter = saved
+    rounds = max(1, stats.draft_rounds)
+    return {
+        "mean_accepted_length": stats.accepted / rounds,
+        "acceptance_rate": stats.acceptance_rate,
+        "tokens_per_call": stats.tokens_per_call,
+        "first_position_acceptance": stats.accepted_by_position[0] / max(1, stats.proposed_by_position[0]),
+        "drafter_ms_per_round": 1000 * stats.drafter_seconds / rounds,
+        "verify_ms_per_call": 1000 * stats.verify_seconds / max(1, stats.target_calls),
+    }
+
+
+def _trainable(model: FlashDrafterModel) -> Dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _save_state(path: str, model, optimizer, meta: dict) -> None:
+    tensors = {f"model.{n}": t.detach().contiguous() for n, t in model.state_dict().items()}
+    names = {id(p): n for n, p in _trainable(model).items()}
+    for parameter, state in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[f"adam.{names[id(parameter)]}.{key}"] = state[key].contiguous()
+        meta.setdefault("adam_steps", {})[names[id(parameter)]] = float(state["step"])
+    save_file(tensors, path + ".safetensors.tmp")
+    with open(path + ".json.tmp", "w", encoding="utf-8") as stream:
+        json.dump(meta, stream, indent=2)
+    os.replace(path + ".safetensors.tmp", path + ".safetensors")  # both or neither: json last
+    os.replace(path + ".json.tmp", path + ".json")
+
+
+def _load_state(path: str, model, optimizer) -> dict:
+    with open(path + ".json", encoding="utf-8") as stream:
+        meta = json.load(stream)
+    tensors = load_file(path + ".safetensors")
+    model.load_state_dict({n[len("model."):]: t for n, t in tensors.items() if n.startswith("model.")})
+    for name, parameter in _trainable(model).items():
+        if f"adam.{name}.exp_avg" in tensors:
+            optimizer.state[parameter] = {
+                "step": torch.tensor(meta["adam_steps"][name]),
+                "exp_avg": tensors[f"adam.{name}.exp_avg"],
+                "exp_avg_sq": tensors[f"adam.{name}.exp_avg_sq"],
+            }
+    return meta
+
+
+def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
+        threads: int = 2, progress: bool = True) -> dict:
+    """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
+    ``out_dir/best``."""
+    from tqdm import tqdm
+
+    from ..models import resolve_model
+    from ..whisper_model import FlashWhisperModel
+
+    torch.set_num_threads(threads)
+    model_path = resolve_model(model_name)
+    train, valid = load_examples(data_dir, "train"), load_examples(data_dir, "validation", config.validation_windows)
+    if not train or not valid:
+        raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
+    target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
+    special = target.model.decoder.runtime.special
+    shortlist = shortlist_from(train, shortlist_size, special)
+    drafter_config = DrafterConfig(target=target_identity(model_path, model_name, target.model.n_mels), shortlist_size=len(shortlist))
+    model = FlashDrafterModel(drafter_config)
+    model.init_from_target(CT2ModelFile(model_path))
+    model.shortlist.copy_(torch.from_numpy(shortlist))
+    full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
+    full_to_short[model.shortlist] = torch.arange(len(shortlist))
+    optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    os.makedirs(out_dir, exist_ok=True)
+    state_path = os.path.join(out_dir, "train_state")
+    meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
+            "train_utterances": len(train), "validation_utterances": len(valid), "seconds": 0.0, "losses": []}
+    if os.path.exists(state_path + ".json"):
+        meta = _load_state(state_path, model, optimizer)
+    started = time.time() - meta["seconds"]
+    bar = tqdm(total=config.steps, initial=meta["step"], desc="fit", disable=not progress)
+    while meta["step"] < config.steps:
+        step = meta["step"]
+        model.train()
+        rng = np.random.default_rng([config.seed, step])
+        batch = make_batch([train[i] for i in rng.choice(len(train), config.batch_size)],
+                           drafter_config.num_draft_tokens, config.blocks_per_utterance, rng)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, step)
+        loss = loss_of(model, batch, full_to_short)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(_trainable(model).values(), config.clip_norm)
+        optimizer.step()
+        meta["step"] = step + 1
+        meta["losses"].append(round(float(loss), 4))
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+        if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
+            scores = validate(model, target.model.decoder, valid)
+            scores["step"] = meta["step"]
+            meta["validations"].append(scores)
+            if scores["mean_accepted_length"] > meta["best"]:
+                meta["best"] = scores["mean_accepted_length"]
+                save_checkpoint(model, os.path.join(out_dir, "best"))
+        if meta["step"] % config.save_every == 0 or meta["step"] == config.steps:
+            meta["seconds"] = time.time() - started
+            _save_state(state_path, model, optimizer, meta)
+    bar.close()
+    return meta
+
