@@ -272,9 +272,9 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         torch.nn.utils.clip_grad_norm_(_trainable(model).values(), config.clip_norm)
         optimizer.step()
         meta["step"] = step + 1
-        meta["losses"].append(round(float(loss), 4))
+        meta["losses"].append(round(loss.item(), 4))
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}")
         if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
             scores = validate(model, target.model.decoder, valid)
             scores["step"] = meta["step"]

@@ -1,0 +1,65 @@
+"""A training smoke run: teacher extraction on two committed clips, a few fit steps, resume."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from ct2_flash.flash_drafter import load_checkpoint  # noqa: E402
+from ct2_flash.train.extract import extract  # noqa: E402
+from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights  # noqa: E402
+
+from .conftest import DATA  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, clips):
+    """A data directory laid out as the synth step writes it, from two test clips."""
+    root = tmp_path_factory.mktemp("drafter_data")
+    (root / "audio").mkdir()
+    with open(root / "manifest.jsonl", "w", encoding="utf-8") as manifest:
+        for index, (name, split) in enumerate([("clip08_slt.ogg", "train"), ("clip09_kal16.ogg", "validation")]):
+            audio = (clips[name] * 32767).astype(np.int16)
+            np.save(root / "audio" / f"utt{index:06d}.npy", audio)
+            manifest.write(json.dumps({"id": f"utt{index:06d}", "split": split, "voice": name, "text": "", "seconds": audio.size / 16000}) + "\n")
+    assert extract(str(root), progress=False) == 2
+    assert extract(str(root), progress=False) == 0  # resumes: nothing left
+    return str(root)
+
+
+def test_teacher_data_layout(teacher_dir):
+    (example,) = load_examples(teacher_dir, "train")
+    assert example.encoder_output.shape == (1500, 384)
+    assert example.states.shape == (len(example.tokens), 384)
+    assert example.tokens[-1] == 50256  # the target's own end-of-text closes the labels
+
+
+def test_batch_labels_follow_their_anchor(teacher_dir):
+    (example,) = load_examples(teacher_dir, "train")
+    batch = make_batch([example], k=8, blocks=16, rng=np.random.default_rng(0))
+    for slot in range(16):
+        visible = int(batch["visible"][0, slot])
+        anchor = int(batch["anchors"][0, slot])
+        assert anchor == example.tokens[visible - 1]  # the anchor is y_a, history has states 0..a
+        expected = list(example.tokens[visible : visible + 8])
+        labels = [t for t in batch["labels"][0, slot].tolist() if t >= 0]
+        assert labels == expected
+    assert position_weights(8)[0] == 1.0 and abs(float(position_weights(8)[4]) - np.exp(-1.0)) < 1e-6
+
+
+def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
+    config = FitConfig(steps=3, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=3, save_every=2, validation_windows=1)
+    out = str(tmp_path / "run")
+    meta = fit(teacher_dir, out, config, shortlist_size=4096, progress=False)
+    assert meta["step"] == 3 and len(meta["losses"]) == 3 and len(meta["validations"]) == 1
+    assert all(np.isfinite(meta["losses"]))
+    drafter = load_checkpoint(os.path.join(out, "best"), model_path)
+    assert drafter.config.shortlist_size == 4096 and int(drafter.shortlist.max()) == 51863
+    # Resume: a longer run continues from step 3 instead of starting again.
+    longer = FitConfig(**{**config.__dict__, "steps": 4})
+    meta = fit(teacher_dir, out, longer, shortlist_size=4096, progress=False)
+    assert meta["step"] == 4 and len(meta["losses"]) == 4
