@@ -122,6 +122,8 @@ class FlashDrafter(Drafter):
         self.model = model.eval()
         self.vocab_size = model.config.target.vocab_size
         self.num_draft_tokens = model.config.num_draft_tokens
+        # The (shortlisted) output head, gathered once: per round it is the largest matmul.
+        self._head = model.token_embedding[model.shortlist].T.contiguous()  # [d, shortlist]
         self._cross_kv = None
         self._history_kv: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_start = 0  # text position of history index 0
@@ -163,6 +165,6 @@ class FlashDrafter(Drafter):
                 for k, _ in self._cross_kv
             ]
             states = self.model.forward_blocks(x, positions, history, self._cross_kv)
-            logits = self.model.logits(states[0, 1 : 1 + num_tokens])  # mask positions
+            logits = states[0, 1 : 1 + num_tokens] @ self._head  # mask positions
             tokens = self.model.shortlist[logits.argmax(-1)]
         return Proposal(tokens=tuple(int(t) for t in tokens))
