@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import ctranslate2
 import numpy as np
@@ -142,8 +142,10 @@ class FlashWhisperModel(WhisperModel):
             directory. Nothing is ever downloaded.
         *args, **kwargs: every ``WhisperModel`` constructor argument (device, compute_type,
             cpu_threads, ...).
-        drafter: the drafter; None uses ``PromptLookupDrafter``, a zero-cost built-in that only
-            helps on repeated phrases (the trained Whisper-Flash drafter replaces it).
+        drafter: a ``Drafter``, or the directory of a Whisper-Flash checkpoint
+            (``drafter.json`` + ``drafter.safetensors``). None uses the trained drafter shipped
+            for this model if there is one (``ct2_flash/drafters/<name>/``), otherwise
+            ``PromptLookupDrafter``, a zero-cost built-in that only helps on repeated phrases.
         num_draft_tokens: K, the most tokens proposed per verification (default 8).
     """
 
@@ -151,7 +153,7 @@ class FlashWhisperModel(WhisperModel):
         self,
         model_size_or_path: str = "tiny.en",
         *args,
-        drafter: Optional[Drafter] = None,
+        drafter: Union[Drafter, str, None] = None,
         num_draft_tokens: int = 8,
         **kwargs,
     ) -> None:
@@ -160,7 +162,7 @@ class FlashWhisperModel(WhisperModel):
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = _load_vocabulary(model_path)
-        drafter = PromptLookupDrafter() if drafter is None else drafter
+        drafter = _resolve_drafter(drafter, model_size_or_path, model_path, self.model.n_mels)
         if drafter.vocab_size is not None and drafter.vocab_size != special.vocab_size:
             raise ValueError(
                 f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens but the "
@@ -188,6 +190,28 @@ class FlashWhisperModel(WhisperModel):
 
     def reset_spec_stats(self) -> None:
         self.model.stats.reset()
+
+
+SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")
+
+
+def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str, n_mels: int) -> Drafter:
+    """A Drafter from what the user passed (see ``FlashWhisperModel``)."""
+    if isinstance(drafter, Drafter):
+        return drafter
+    if drafter is None:
+        shipped = os.path.join(SHIPPED_DRAFTERS, name)
+        if not os.path.isfile(os.path.join(shipped, "drafter.json")):
+            return PromptLookupDrafter()
+        drafter = shipped
+    if not isinstance(drafter, str):
+        raise TypeError(f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}")
+    # torch is only needed for the trained drafter, so it is imported here.
+    from .flash_drafter import FlashDrafter, check_target, load_checkpoint, target_identity
+
+    model = load_checkpoint(drafter, model_path)
+    check_target(model.config, target_identity(model_path, name, n_mels))
+    return FlashDrafter(model)
 
 
 def _load_config(model_path: str) -> Dict[str, Any]:

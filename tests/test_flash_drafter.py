@@ -145,3 +145,21 @@ def test_untrained_drafter_is_exact(float32_pair, clips, real_drafter_dir):
     finally:
         decoder.drafter = saved
     assert flash.spec_stats.proposed > 0
+
+
+def test_model_loads_a_checkpoint_directory_and_refuses_a_foreign_one(model_path, real_drafter_dir, tmp_path):
+    from ct2_flash import FlashWhisperModel
+
+    directory, _ = real_drafter_dir
+    flash = FlashWhisperModel(model_path, compute_type="int8", drafter=directory)
+    assert isinstance(flash.drafter, FlashDrafter)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    config = json.loads(open(os.path.join(directory, "drafter.json")).read())
+    config["target"]["tokenizer_sha256"] = "f" * 64
+    (foreign / "drafter.json").write_text(json.dumps(config))
+    (foreign / "drafter.safetensors").write_bytes(open(os.path.join(directory, "drafter.safetensors"), "rb").read())
+    with pytest.raises(DrafterMismatchError, match="tokenizer_sha256"):
+        FlashWhisperModel(model_path, compute_type="int8", drafter=str(foreign))
+    with pytest.raises(TypeError, match="checkpoint directory"):
+        FlashWhisperModel(model_path, compute_type="int8", drafter=42)
