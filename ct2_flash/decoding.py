@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Sequence
 
 import numpy as np
 
-from .acceptance import greedy_accept
+from .acceptance import Acceptance, greedy_accept
 from .drafting import Drafter, DraftWindow, GreedyOptions
 from .logit_rules import LogitRules
 from .stats import SpecStats
@@ -91,115 +92,132 @@ class SpeculativeDecoder:
         """
         started = time.perf_counter()
         stats, special = self.stats, self.runtime.special
-        verify_before, drafter_before = stats.verify_seconds, stats.drafter_seconds
+        spent_before = stats.verify_seconds + stats.drafter_seconds
         prompt = [int(t) for t in prompt]
         layout = PromptLayout.of(prompt, special)
-        rules = self.rules_for(prompt, options)
-        generated: List[int] = prompt[layout.start_index + 1 :]  # forced prefix
         max_steps = min(options.max_length // 2, options.max_length - layout.start_index)
         if max_steps == 0:
             raise ValueError("The maximum decoding length must be > 0")  # CTranslate2's check
-        # Forced prefix steps count against the budget (CTranslate2 returns the prefix).
-        steps_left = max_steps - len(generated)
-        log_prob_sum = 0.0
+        # Forced prefix tokens are part of the output and count against the budget.
+        state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :])
+        state.steps_left = max_steps - len(state.generated)
 
-        verify_started = time.perf_counter()
-        prefill = self.runtime.start(encoder_output, prompt)
-        stats.verify_seconds += time.perf_counter() - verify_started
+        with _timed(stats, "verify_seconds"):
+            prefill = self.runtime.start(encoder_output, prompt)
         stats.target_calls += 1
-        sequence = prefill.sequence
         no_speech_prob = self.runtime.no_speech_prob(prefill.sot_logits)
-        if steps_left <= 0:
-            # The budget ends inside the forced prefix (or is negative, which CTranslate2
-            # treats as no step at all): no sampled step, score 0.
-            tokens = [token for token in generated[: max(0, max_steps)] if token != special.eot]
-            stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds - verify_before)
-            return DecodeResult(tokens=tokens, score=0.0, no_speech_prob=no_speech_prob)
+        if state.steps_left <= 0:
+            # The budget ends inside the prefix (or is negative, which CTranslate2 treats as
+            # no step at all): nothing is sampled and the score stays 0.
+            state.generated = state.generated[: max(0, max_steps)]
+        else:
+            state.emit([], [prefill.next_logits], stats)  # the first token: the first anchor
+            if not state.finished:
+                with _timed(stats, "drafter_seconds"):
+                    self._begin_drafter(encoder_output, prompt, options, prefill)
+            while not state.finished:
+                self._round(state, prefill.sequence)
+            stats.generate_calls += 1
 
-        token, log_prob = rules.choose(prefill.next_logits.copy(), generated)
-        generated.append(token)
-        log_prob_sum += log_prob
-        steps_left -= 1
-        stats.emitted += 1
-        finished = token == special.eot or steps_left == 0
+        stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds + stats.drafter_seconds - spent_before)
+        # CTranslate2 keeps no end-of-text in hypotheses, even one forced by a prefix.
+        tokens = [token for token in state.generated if token != special.eot]
+        score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
+        return DecodeResult(tokens=tokens, score=score, no_speech_prob=no_speech_prob)
 
-        if not finished:
-            drafter_started = time.perf_counter()
-            self.drafter.begin(
-                DraftWindow(
-                    encoder_output=_window_array(encoder_output),
-                    prompt=tuple(prompt),
-                    options=options,
-                    eot=special.eot,
-                )
-            )
-            if self.drafter.needs_states:
-                # History starts with the last prompt position, whose logits prefill gave.
-                self.drafter.advance(self.runtime.decoder_states(prefill.next_logits[None]), sequence.length)
-            stats.drafter_seconds += time.perf_counter() - drafter_started
+    def _begin_drafter(self, encoder_output, prompt: List[int], options: GreedyOptions, prefill) -> None:
+        window = DraftWindow(
+            encoder_output=_window_array(encoder_output), prompt=tuple(prompt), options=options, eot=self.runtime.special.eot
+        )
+        self.drafter.begin(window)
+        if self.drafter.needs_states:
+            # History starts with the last prompt position, whose logits prefill gave.
+            self.drafter.advance(self.runtime.decoder_states(prefill.next_logits[None]), prefill.sequence.length)
 
-        while not finished:
-            cache_length = sequence.length
-            # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
-            num_tokens = min(self.num_draft_tokens, steps_left - 1)
-            drafts: Sequence[int] = ()
-            if num_tokens > 0:
-                drafter_started = time.perf_counter()
-                drafts = self.drafter.propose(generated, num_tokens).tokens[:num_tokens]
-                stats.drafter_seconds += time.perf_counter() - drafter_started
-                stats.draft_rounds += 1
+    def _round(self, state: "_Decoding", sequence) -> None:
+        """One propose -> verify -> accept -> roll back -> emit round."""
+        stats = self.stats
+        cache_length = sequence.length
+        # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
+        num_tokens = min(self.num_draft_tokens, state.steps_left - 1)
+        drafts: Sequence[int] = ()
+        if num_tokens > 0:
+            with _timed(stats, "drafter_seconds"):
+                drafts = self.drafter.propose(state.generated, num_tokens).tokens[:num_tokens]
+            stats.draft_rounds += 1
 
-            verify_started = time.perf_counter()
-            logits = sequence.verify([generated[-1], *drafts])  # [1 + n, vocab]
-            stats.verify_seconds += time.perf_counter() - verify_started
-            stats.target_calls += 1
+        with _timed(stats, "verify_seconds"):
+            logits = sequence.verify([state.generated[-1], *drafts])  # [1 + n, vocab]
+        stats.target_calls += 1
+        outcome = state.emit(drafts, logits, stats)
+        stats.record_round(len(drafts), outcome.accepted)
 
-            row_log_probs: List[float] = []
-
-            def target_token(row: int) -> int:
-                # Row `row` sees the anchor and the first `row` drafts, all accepted so far.
-                # A copy: the raw rows stay intact for the drafter's state recovery.
-                choice, row_log_prob = rules.choose(logits[row].copy(), [*generated, *drafts[:row]])
-                row_log_probs.append(row_log_prob)
-                return choice
-
-            outcome = greedy_accept(drafts, target_token, special.eot)
-            stats.record_round(len(drafts), outcome.accepted)
-            emitted = list(drafts[: outcome.accepted])
-            if outcome.next_token is not None:
-                emitted.append(outcome.next_token)
-            generated.extend(emitted)
-            log_prob_sum += sum(row_log_probs)
-            steps_left -= len(emitted)
-            stats.emitted += len(emitted)
-
-            kept = cache_length + 1 + outcome.accepted
-            sequence.rollback(kept)
-            finished = generated[-1] == special.eot or steps_left == 0
-            if not finished:
-                drafter_started = time.perf_counter()
+        kept = cache_length + 1 + outcome.accepted
+        sequence.rollback(kept)
+        if not state.finished:
+            with _timed(stats, "drafter_seconds"):
                 states = None
                 if self.drafter.needs_states:
                     states = self.runtime.decoder_states(logits[: 1 + outcome.accepted])
                 self.drafter.advance(states, kept)
-                stats.drafter_seconds += time.perf_counter() - drafter_started
 
-        stats.generate_calls += 1
-        # CTranslate2 keeps no end-of-text in hypotheses, even one forced by a prefix.
-        tokens = [token for token in generated if token != special.eot]
-        stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds - verify_before) - (
-            stats.drafter_seconds - drafter_before
-        )
-        return DecodeResult(
-            tokens=tokens,
-            score=_normalise(log_prob_sum, len(tokens), options.length_penalty),
-            no_speech_prob=no_speech_prob,
-        )
+
+@dataclass
+class _Decoding:
+    """The mutable state of one decoded window."""
+
+    rules: LogitRules
+    generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
+    steps_left: int = 0
+    log_prob_sum: float = 0.0
+    sampled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
+
+    def emit(self, drafts: Sequence[int], logits: Sequence[np.ndarray], stats: SpecStats) -> Acceptance:
+        """Accept drafts against the target's rows and append what the round produces.
+
+        Args:
+            drafts: [n] draft tokens (empty for a plain step).
+            logits: [n + 1, vocab] raw target rows (row j follows the anchor and j drafts).
+        """
+        row_log_probs: List[float] = []
+
+        def target_token(row: int) -> int:
+            # A copy: the raw rows stay intact for the drafter's state recovery.
+            choice, row_log_prob = self.rules.choose(logits[row].copy(), [*self.generated, *drafts[:row]])
+            row_log_probs.append(row_log_prob)
+            return choice
+
+        outcome = greedy_accept(drafts, target_token, self.rules.special.eot)
+        emitted = list(drafts[: outcome.accepted])
+        if outcome.next_token is not None:
+            emitted.append(outcome.next_token)
+        self.generated.extend(emitted)
+        self.log_prob_sum += sum(row_log_probs)
+        self.steps_left -= len(emitted)
+        self.sampled = True
+        stats.emitted += len(emitted)
+        return outcome
+
+
+@contextmanager
+def _timed(stats: SpecStats, field_name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        setattr(stats, field_name, getattr(stats, field_name) + time.perf_counter() - started)
 
 
 def _normalise(log_prob_sum: float, length: int, length_penalty: float) -> float:
-    """CTranslate2's ``finalize_hypothesis_score`` with IEEE float division semantics."""
-    denominator = math.pow(length, length_penalty) if length or length_penalty else 1.0
+    """CTranslate2's ``finalize_hypothesis_score``, with C++ float division by zero."""
+    if length:
+        denominator = math.pow(length, length_penalty)
+    else:  # C++: pow(0, p) is 1 for p == 0, 0 for p > 0 and inf for p < 0
+        denominator = 1.0 if length_penalty == 0 else (0.0 if length_penalty > 0 else math.inf)
     if denominator == 0:
         return -math.inf if log_prob_sum < 0 else (math.nan if log_prob_sum == 0 else math.inf)
     return log_prob_sum / denominator

@@ -19,9 +19,8 @@ history positions < t_n and its own block only (``block_attention_mask``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch

@@ -13,7 +13,7 @@ as close as possible to what plain faster-whisper runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from ctranslate2 import StorageView
 
-from ct2_flash.drafting import GreedyOptions
 
 
 def encode(model, audio):

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ from ct2_flash.flash_drafter import load_checkpoint  # noqa: E402
 from ct2_flash.train.extract import extract  # noqa: E402
 from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights  # noqa: E402
 
-from .conftest import DATA  # noqa: E402
 
 
 @pytest.fixture(scope="module")
