@@ -28,6 +28,7 @@ def main() -> None:
     fit.add_argument("--batch-size", type=int, default=8)
     fit.add_argument("--validate-every", type=int, default=250)
     fit.add_argument("--shortlist", type=int, default=8192)
+    fit.add_argument("--validation-windows", type=int, default=48)
     fit.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -46,7 +47,7 @@ def main() -> None:
         from .fit import FitConfig, fit
 
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
-                           warmup_steps=min(150, args.steps // 10))
+                           warmup_steps=min(150, args.steps // 10), validation_windows=args.validation_windows)
         out = args.out or os.path.join(args.data, "runs", "main")
         meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
