@@ -33,7 +33,6 @@ def median_ms(function, repeats: int) -> float:
 
 def main() -> None:
     import torch
-    from ctranslate2 import StorageView
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
@@ -53,9 +52,7 @@ def main() -> None:
     runtime = flash.model.decoder.runtime
     drafter = FlashDrafter(load_checkpoint(args.drafter, runtime.model_path))
     audio = decode_audio(os.path.join(ROOT, "tests", "data", "clip12_awb.ogg"))
-    features = flash.feature_extractor(audio)[..., :3000]
-    features = np.pad(features, ((0, 0), (0, 3000 - features.shape[-1])))
-    encoder_output = flash.model._model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
+    encoder_output = flash.encode_window(audio)
     prompt = [50257]
     reference = flash.model._model.generate(encoder_output, [prompt], beam_size=1)[0].sequences_ids[0]
     tokens = list(reference[:60])

@@ -179,6 +179,14 @@ class FlashWhisperModel(WhisperModel):
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats())
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
 
+    def encode_window(self, audio: np.ndarray):
+        """Encoder output (StorageView [1, frames, d_model]) of the first 30 s of ``audio``,
+        padded the way faster-whisper pads its last window."""
+        frames = self.feature_extractor.nb_max_frames
+        features = self.feature_extractor(audio)[..., :frames]
+        features = np.pad(features, ((0, 0), (0, frames - features.shape[-1])))
+        return self.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
+
     @property
     def drafter(self) -> Drafter:
         return self.model.decoder.drafter

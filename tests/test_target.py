@@ -2,14 +2,11 @@
 
 import numpy as np
 import pytest
-from ctranslate2 import StorageView
 
 
 
 def encode(model, audio):
-    features = model.feature_extractor(audio[: 30 * 16000])[..., :3000]
-    features = np.pad(features, ((0, 0), (0, 3000 - features.shape[-1])))
-    return model.model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
+    return model.encode_window(audio)
 
 
 @pytest.fixture(scope="module")

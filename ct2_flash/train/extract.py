@@ -19,11 +19,6 @@ import os
 from typing import Dict, List
 
 import numpy as np
-from ctranslate2 import StorageView
-
-N_FRAMES = 3000
-
-
 def prompt_for(utterance_id: str, special) -> List[int]:
     """Timestamps on or off, chosen by a stable hash of the id."""
     with_timestamps = hashlib.sha1(utterance_id.encode()).digest()[0] % 2 == 0
@@ -59,9 +54,7 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
 
 def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Dict) -> Dict:
     audio = np.load(os.path.join(data_dir, "audio", f"{entry['id']}.npy")).astype(np.float32) / 32768.0
-    features = model.feature_extractor(audio)[..., :N_FRAMES]
-    features = np.pad(features, ((0, 0), (0, N_FRAMES - features.shape[-1])))
-    encoder_output = model.model._model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
+    encoder_output = model.encode_window(audio)
     prompt = prompt_for(entry["id"], special)
     result = model.model._model.generate(encoder_output, [prompt], beam_size=1, max_initial_timestamp_index=50)[0]
     tokens = list(result.sequences_ids[0])
