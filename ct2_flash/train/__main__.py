@@ -30,6 +30,9 @@ def main() -> None:
     fit.add_argument("--shortlist", type=int, default=8192)
     fit.add_argument("--validation-windows", type=int, default=48)
     fit.add_argument("--threads", type=int, default=2)
+    report = steps.add_parser("report", help="training report and curves for a run")
+    report.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
+    report.add_argument("--out", required=True, help="where to write the report")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     if args.step == "synth":
@@ -51,6 +54,11 @@ def main() -> None:
         out = args.out or os.path.join(args.data, "runs", "main")
         meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
+    elif args.step == "report":
+        from .report import write_report
+
+        path = write_report(args.data, args.run or os.path.join(args.data, "runs", "main"), args.out)
+        logging.info("wrote %s", path)
 
 
 if __name__ == "__main__":

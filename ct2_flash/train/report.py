@@ -1,0 +1,57 @@
+"""A short training report next to a trained drafter: data, steps, time, validation curves."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+
+def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
+    """Write ``training_report.md`` and ``validation_curves.png`` into ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(run_dir, "train_state.json"), encoding="utf-8") as stream:
+        meta = json.load(stream)
+    with open(os.path.join(data_dir, "teacher.jsonl"), encoding="utf-8") as stream:
+        teacher = [json.loads(line) for line in stream]
+    with open(os.path.join(data_dir, "manifest.jsonl"), encoding="utf-8") as stream:
+        seconds = {e["id"]: e["seconds"] for e in map(json.loads, stream)}
+    hours = collections.Counter()
+    voices = collections.defaultdict(set)
+    for record in teacher:
+        hours[record["split"]] += seconds[record["id"]] / 3600
+        voices[record["split"]].add(record["voice"])
+
+    os.makedirs(out_dir, exist_ok=True)
+    validations = meta["validations"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    left.plot(range(1, len(meta["losses"]) + 1), meta["losses"], linewidth=0.6)
+    left.set(xlabel="step", ylabel="weighted cross-entropy", title="training loss")
+    steps = [v["step"] for v in validations]
+    right.plot(steps, [v["mean_accepted_length"] for v in validations], marker="o", label="mean accepted length")
+    right.plot(steps, [v["tokens_per_call"] for v in validations], marker="s", label="tokens per target call")
+    right.set(xlabel="step", title="validation, real cached loop")
+    right.legend()
+    figure.tight_layout()
+    figure.savefig(os.path.join(out_dir, "validation_curves.png"), dpi=120)
+
+    best = max(validations, key=lambda v: v["mean_accepted_length"]) if validations else {}
+    lines = [
+        "# Drafter training report",
+        "",
+        f"- data: {hours['train']:.2f} h train ({sorted(voices['train'])}), "
+        f"{hours['validation']:.2f} h validation ({sorted(voices['validation'])})",
+        f"- steps: {meta['step']} of {meta['fit_config']['steps']}, batch {meta['fit_config']['batch_size']}, "
+        f"{meta['fit_config']['blocks_per_utterance']} blocks per utterance, wall time {meta['seconds'] / 60:.1f} min",
+        f"- best validation (step {best.get('step')}): " + ", ".join(f"{k} {v:.3f}" for k, v in best.items() if k != "step"),
+        "",
+        "![validation curves](validation_curves.png)",
+    ]
+    path = os.path.join(out_dir, "training_report.md")
+    with open(path, "w", encoding="utf-8") as stream:
+        stream.write("\n".join(lines) + "\n")
+    return path
