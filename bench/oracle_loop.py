@@ -8,6 +8,7 @@ token) and the whole path (waveform to segments) as ratios of summed times, with
 rate and tokens per target call.
 
     python bench/oracle_loop.py --out bench/results/oracle_loop.json
+    python bench/oracle_loop.py --drafter DIR --systems --out ...   # a trained drafter only
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import platform
 import statistics
 import time
+from typing import Optional
 
 from faster_whisper import WhisperModel, decode_audio
 from tqdm import tqdm
@@ -31,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMS = {"oracle-100%": 0.0, "oracle-60%": 0.1}  # error rate per drafted token
 
 
-def run(compute_type: str, threads: int, repeats: int, k: int, clips: dict) -> dict:
+def run(compute_type: str, threads: int, repeats: int, k: int, clips: dict, drafter_dir: Optional[str] = None) -> dict:
     path = resolve_model("tiny.en")
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flashes = {}
@@ -39,6 +41,10 @@ def run(compute_type: str, threads: int, repeats: int, k: int, clips: dict) -> d
         flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, num_draft_tokens=k)
         flash.model.decoder.drafter = OracleDrafter(flash.model._model, error_rate=error_rate, seed=0)
         flashes[name] = flash
+    if drafter_dir:  # a trained Whisper-Flash drafter, next to the oracle ceiling
+        flashes["whisper-flash"] = FlashWhisperModel(
+            path, compute_type=compute_type, cpu_threads=threads, num_draft_tokens=k, drafter=drafter_dir
+        )
     options = dict(beam_size=1)
     for audio in clips.values():  # warm-up; fills the oracle caches
         measure(baseline, audio, **options)
@@ -88,13 +94,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--drafter", default=None, help="also run a trained drafter checkpoint directory")
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), help="oracle systems to run")
     args = parser.parse_args()
+    for name in list(SYSTEMS):
+        if name not in args.systems:
+            del SYSTEMS[name]
     paths = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "*.ogg")))
     clips = {os.path.basename(p): decode_audio(p) for p in paths}
     started = time.time()
-    results = [run(ct, args.threads, args.repeats, args.k, clips) for ct in args.compute_types]
+    results = [run(ct, args.threads, args.repeats, args.k, clips, args.drafter) for ct in args.compute_types]
     document = {
-        "what": "plain faster-whisper greedy vs ct2-flash with an oracle drafter, tests/data speech",
+        "what": "plain faster-whisper greedy vs ct2-flash with oracle drafters (and a trained one), tests/data speech",
+        "drafter": args.drafter,
         "audio_seconds": sum(a.size for a in clips.values()) / 16000,
         "clips": len(clips),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
