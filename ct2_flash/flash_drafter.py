@@ -38,7 +38,7 @@ class CheckpointError(ValueError):
     """The checkpoint directory is missing files or its contents are inconsistent."""
 
 
-def target_identity(model_path: str, model_name: str, n_mels: int) -> TargetIdentity:
+def target_identity(model_path: str, model_name: str) -> TargetIdentity:
     """Identify a CTranslate2 Whisper model directory for drafter compatibility checks."""
     from .ct2_weights import CT2ModelFile
 
@@ -50,8 +50,12 @@ def target_identity(model_path: str, model_name: str, n_mels: int) -> TargetIden
             break
     else:
         raise FileNotFoundError(f"no tokenizer or vocabulary file in {model_path}")
-    vocab, d_model = CT2ModelFile(model_path)["decoder/embeddings/weight"].shape
-    return TargetIdentity(model_name=model_name, vocab_size=int(vocab), d_model=int(d_model), n_mels=n_mels, tokenizer_sha256=digest)
+    weights = CT2ModelFile(model_path)
+    vocab, d_model = weights["decoder/embeddings/weight"].shape
+    n_mels = weights["encoder/conv1/weight"].shape[1]  # [d_model, n_mels, kernel]
+    return TargetIdentity(
+        model_name=model_name, vocab_size=int(vocab), d_model=int(d_model), n_mels=int(n_mels), tokenizer_sha256=digest
+    )
 
 
 def check_target(config: DrafterConfig, target: TargetIdentity) -> None:
@@ -79,7 +83,13 @@ def save_checkpoint(model: FlashDrafterModel, directory: str) -> None:
 
 
 def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
-    """Load a drafter for the target in ``model_path`` (its frozen buffers come from there)."""
+    """Load a drafter for the target in ``model_path`` (its frozen buffers come from there).
+
+    Raises:
+        CheckpointError: missing, unreadable or inconsistent files.
+        DrafterMismatchError: the drafter was trained for another target (checked before any
+            weight is touched, so the error names the difference rather than a shape).
+    """
     from .ct2_weights import CT2ModelFile
 
     config_path, weights_path = os.path.join(directory, CONFIG_FILE), os.path.join(directory, WEIGHTS_FILE)
@@ -91,6 +101,7 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
             config = DrafterConfig.from_json_dict(json.load(stream))
     except (ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"{config_path} is not a valid drafter config: {error}") from error
+    check_target(config, target_identity(model_path, os.path.basename(os.path.normpath(model_path))))
     model = FlashDrafterModel(config)
     try:
         weights = load_file(weights_path)

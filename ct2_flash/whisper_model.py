@@ -162,7 +162,7 @@ class FlashWhisperModel(WhisperModel):
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = _load_vocabulary(model_path)
-        drafter = _resolve_drafter(drafter, model_size_or_path, model_path, self.model.n_mels)
+        drafter = _resolve_drafter(drafter, model_size_or_path, model_path)
         if drafter.vocab_size is not None and drafter.vocab_size != special.vocab_size:
             raise ValueError(
                 f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens but the "
@@ -203,7 +203,7 @@ class FlashWhisperModel(WhisperModel):
 SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")
 
 
-def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str, n_mels: int) -> Drafter:
+def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str) -> Drafter:
     """A Drafter from what the user passed (see ``FlashWhisperModel``)."""
     if isinstance(drafter, Drafter):
         return drafter
@@ -215,11 +215,9 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
     if not isinstance(drafter, str):
         raise TypeError(f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}")
     # torch is only needed for the trained drafter, so it is imported here.
-    from .flash_drafter import FlashDrafter, check_target, load_checkpoint, target_identity
+    from .flash_drafter import FlashDrafter, load_checkpoint
 
-    model = load_checkpoint(drafter, model_path)
-    check_target(model.config, target_identity(model_path, name, n_mels))
-    return FlashDrafter(model)
+    return FlashDrafter(load_checkpoint(drafter, model_path))
 
 
 def _load_config(model_path: str) -> Dict[str, Any]:

@@ -97,7 +97,7 @@ def test_block_is_bidirectional(tiny_model):
 
 @pytest.fixture(scope="module")
 def real_drafter_dir(model_path, tmp_path_factory):
-    config = DrafterConfig(target=target_identity(model_path, "tiny.en", 80))
+    config = DrafterConfig(target=target_identity(model_path, "tiny.en"))
     model = FlashDrafterModel(config)
     model.init_from_target(CT2ModelFile(model_path))
     directory = str(tmp_path_factory.mktemp("drafter"))
@@ -127,7 +127,14 @@ def test_checkpoint_errors(model_path, real_drafter_dir, tmp_path):
     other = json.loads(open(os.path.join(directory, "drafter.json")).read())
     other["target"]["vocab_size"] = 51865
     with pytest.raises(DrafterMismatchError, match="vocab_size: drafter 51865 vs model 51864"):
-        check_target(DrafterConfig.from_json_dict(other), target_identity(model_path, "tiny.en", 80))
+        check_target(DrafterConfig.from_json_dict(other), target_identity(model_path, "tiny.en"))
+    # Loading checks the target before touching weights, so the error names the field.
+    foreign = tmp_path / "foreign_vocab"
+    foreign.mkdir()
+    (foreign / "drafter.json").write_text(json.dumps(other))
+    (foreign / "drafter.safetensors").write_bytes(open(os.path.join(directory, "drafter.safetensors"), "rb").read())
+    with pytest.raises(DrafterMismatchError, match="vocab_size: drafter 51865 vs model 51864"):
+        load_checkpoint(str(foreign), model_path)
 
 
 def test_untrained_drafter_is_exact(float32_pair, clips, real_drafter_dir):

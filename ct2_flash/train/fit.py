@@ -242,7 +242,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
     special = target.model.decoder.runtime.special
     shortlist = shortlist_from(train, shortlist_size, special)
-    drafter_config = DrafterConfig(target=target_identity(model_path, model_name, target.model.n_mels), shortlist_size=len(shortlist))
+    drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist))
     model = FlashDrafterModel(drafter_config)
     model.init_from_target(CT2ModelFile(model_path))
     model.shortlist.copy_(torch.from_numpy(shortlist))
