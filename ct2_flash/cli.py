@@ -1,4 +1,5 @@
-"""``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems."""
+"""``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems,
+``bench`` measures both on many files, ``fetch-speech`` downloads the real-speech sets."""
 
 from __future__ import annotations
 
@@ -56,6 +57,73 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if identical else 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import importlib.util
+    import json
+
+    missing = [name for name in ("jiwer", "whisper_normalizer", "matplotlib") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"ct2-flash bench needs {', '.join(missing)}: pip install 'ct2-flash[bench]' "
+              "(in a checkout: pip install -e '.[bench]')", file=sys.stderr)
+        return 2
+
+    from .benchmark.manifest import from_directory, read_manifest
+    from .benchmark.plots import write_plots
+    from .benchmark.runner import BenchConfig, run
+    from .benchmark.speech_sets import fetch
+
+    utterances = []
+    try:
+        for manifest in args.manifest:
+            utterances += read_manifest(manifest)
+        for directory in args.audio_dir:
+            utterances += from_directory(directory)
+        for name in args.speech_set:
+            utterances += read_manifest(fetch(name, args.cache))
+    except (ValueError, OSError, RuntimeError) as error:
+        print(f"ct2-flash bench: {error}", file=sys.stderr)
+        return 2
+    if not utterances:
+        print("ct2-flash bench: give --manifest, --audio-dir or --speech-set", file=sys.stderr)
+        return 2
+    utterances = utterances[: args.limit] if args.limit else utterances
+    config = BenchConfig(model=args.model, drafter=args.drafter, compute_types=tuple(args.compute_types),
+                         threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
+                         without_timestamps=args.no_timestamps)
+    try:
+        document = run(config, utterances)
+    except ValueError as error:  # unreadable or empty audio
+        print(f"ct2-flash bench: {error}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+    write_plots(document, args.out)
+    for setting in document["settings"]:
+        summary = setting["summary"]
+        decode, whole = summary["speedup"]["decode"], summary["speedup"]["whole"]
+        identity = summary["token_identity"]
+        print(f"{setting['compute_type']}, {setting['threads']} thread(s), {setting['drafter']}: "
+              f"decode {decode['speedup']:.2f}x [{decode['low']:.2f}, {decode['high']:.2f}], "
+              f"whole {whole['speedup']:.2f}x [{whole['low']:.2f}, {whole['high']:.2f}], "
+              f"identical {identity['identical']}/{identity['of']}, "
+              f"{summary['tokens_per_target_call']:.2f} tokens per target call")
+    print(f"wrote {args.out}/bench.json and plots")
+    return 0
+
+
+def _fetch_speech(args: argparse.Namespace) -> int:
+    from .benchmark.speech_sets import SETS, fetch
+
+    for name in args.sets or list(SETS):
+        try:
+            print(fetch(name, args.cache))
+        except (ValueError, RuntimeError) as error:
+            print(f"ct2-flash fetch-speech: {error}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__)
     commands = parser.add_subparsers(dest="command")
@@ -67,12 +135,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--k", type=int, default=8, help="draft tokens per verification")
     demo.add_argument("--repeats", type=int, default=3)
     demo.add_argument("--no-timestamps", action="store_true")
+    bench = commands.add_parser("bench", help="faster-whisper vs ct2-flash on many files: JSON and plots")
+    bench.add_argument("--manifest", action="append", default=[], help="TSV of audio path and reference text")
+    bench.add_argument("--audio-dir", action="append", default=[], help="directory of audio files")
+    bench.add_argument("--speech-set", action="append", default=[], choices=["mfa", "pocketsphinx"],
+                       help="real speech fetched from a PyPI source distribution")
+    bench.add_argument("--cache", default="", help="where fetched speech sets live (default ~/.cache/ct2_flash/speech)")
+    bench.add_argument("--limit", type=int, default=0, help="only the first N utterances")
+    bench.add_argument("--model", default="tiny.en")
+    bench.add_argument("--drafter", default=None,
+                       help="checkpoint directory, 'builtin', or 'oracle' (default: the model's default drafter)")
+    bench.add_argument("--compute-types", nargs="+", default=["int8"])
+    bench.add_argument("--threads", nargs="+", type=int, default=[2])
+    bench.add_argument("--k", type=int, default=8, help="draft tokens per verification")
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--no-timestamps", action="store_true")
+    bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
+    fetch = commands.add_parser("fetch-speech", help="download the real-speech sets and write their manifests")
+    fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx (default: all)")
+    fetch.add_argument("--cache", default="")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.command in (None, "demo"):
         if args.command is None:
             args = parser.parse_args(["demo", *(argv or [])])
         return _demo(args)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "fetch-speech":
+        return _fetch_speech(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -12,8 +12,10 @@ the target kept and are cut back to the target's cache length after each round.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import math
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -120,30 +122,58 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
     return model
 
 
+def default_inference_dtype() -> torch.dtype:
+    """bfloat16 where the CPU has native bfloat16 dot products, else float32.
+
+    A draft round is a handful of matrix-vector products over ~25 MB of weights and encoder
+    keys/values, so it is bound by memory traffic; bfloat16 halves it. Without native support
+    (avx512_bf16 / AMX) bfloat16 matmuls are emulated and slower than float32.
+    """
+    is_supported = getattr(torch.cpu, "_is_avx512_bf16_supported", None)  # private, hence guarded
+    return torch.bfloat16 if is_supported is not None and is_supported() else torch.float32
+
+
 class FlashDrafter(Drafter):
     """Drafts with a ``FlashDrafterModel``; caches encoder and history keys/values.
 
     Args:
-        model: the network (its config's target must match the loaded target).
+        model: the network (its config's target must match the loaded target). It is not
+            modified: a copy is cast when ``dtype`` differs from its own.
+        dtype: precision of the draft rounds (default: ``default_inference_dtype()``).
+            Proposals are only suggestions, so precision changes speed and acceptance,
+            never the output.
+        min_confidence: stop the proposal at the first position where the product of the
+            drafter's probabilities so far falls below this (0 proposes all K). Each extra
+            verified token costs ~0.05 of a decoder step; an unlikely one rarely pays.
     """
 
     needs_states = True
 
-    def __init__(self, model: FlashDrafterModel) -> None:
-        self.model = model.eval()
+    def __init__(self, model: FlashDrafterModel, dtype: Optional[torch.dtype] = None, min_confidence: float = 0.0) -> None:
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError("min_confidence must be in [0, 1)")
+        dtype = dtype or default_inference_dtype()
+        source_dtype = model.mask_embedding.dtype
+        self.model = (model if dtype == source_dtype else copy.deepcopy(model).to(dtype)).eval()
+        self.dtype = dtype
+        self.min_confidence = min_confidence
         self.vocab_size = model.config.target.vocab_size
         self.num_draft_tokens = model.config.num_draft_tokens
         # The (shortlisted) output head, gathered once: per round it is the largest matmul.
-        self._head = model.token_embedding[model.shortlist].T.contiguous()  # [d, shortlist]
+        self._head = self.model.token_embedding[self.model.shortlist].T.contiguous()  # [d, shortlist]
         self._cross_kv = None
+        self._empty_history: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_kv: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_start = 0  # text position of history index 0
         self._cache_length = 0  # the target's cache length = the next anchor's position
 
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(self.dtype)
+
     def begin(self, window: DraftWindow) -> None:
         with torch.inference_mode():
-            encoder_output = torch.from_numpy(np.asarray(window.encoder_output, dtype=np.float32))[None]
-            self._cross_kv = self.model.cross_kv(encoder_output)
+            self._cross_kv = self.model.cross_kv(self._tensor(window.encoder_output)[None])
+            self._empty_history = [(k[:, :0], v[:, :0]) for k, v in self._cross_kv]
         self._history_kv = []
         # The first states the controller hands over are those of the last prompt position.
         self._history_start = len(window.prompt) - 1
@@ -156,7 +186,7 @@ class FlashDrafter(Drafter):
         self._cache_length = cache_length
         with torch.inference_mode():
             positions = torch.arange(cache_length - len(states), cache_length)[None]
-            projected = self.model.project_history(torch.from_numpy(np.asarray(states, dtype=np.float32))[None])
+            projected = self.model.project_history(self._tensor(states)[None])
             new = self.model.history_kv(projected, positions)
             if self._history_kv:
                 self._history_kv = [
@@ -167,15 +197,15 @@ class FlashDrafter(Drafter):
                 self._history_kv = new
 
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
-        anchor_position = self._cache_length
         with torch.inference_mode():
             anchors = torch.tensor([[int(generated[-1])]])
-            x, positions = self.model.embed_blocks(anchors, torch.tensor([[anchor_position]]))
-            history = self._history_kv or [
-                (torch.zeros(1, 0, k.shape[2], k.shape[3]), torch.zeros(1, 0, k.shape[2], k.shape[3]))
-                for k, _ in self._cross_kv
-            ]
-            states = self.model.forward_blocks(x, positions, history, self._cross_kv)
-            logits = states[0, 1 : 1 + num_tokens] @ self._head  # mask positions
-            tokens = self.model.shortlist[logits.argmax(-1)]
-        return Proposal(tokens=tuple(int(t) for t in tokens))
+            x, positions = self.model.embed_blocks(anchors, torch.tensor([[self._cache_length]]))
+            states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._cross_kv)
+            logits = (states[0, 1 : 1 + num_tokens] @ self._head).float()  # mask positions
+            best, index = logits.max(-1)
+            tokens = self.model.shortlist[index].tolist()
+            if self.min_confidence > 0.0:
+                # log p(best) per position; keep the prefix whose joint probability stays high.
+                joint = torch.cumsum(best - torch.logsumexp(logits, -1), 0)
+                tokens = tokens[: int((joint >= math.log(self.min_confidence)).sum())]
+        return Proposal(tokens=tuple(tokens))

@@ -72,7 +72,8 @@ def test_packed_blocks_equal_separate_rounds_with_cached_history(tiny_model):
         t = int(anchor_index[0, n])
         cached = model.history_kv(projected[:, :t], positions[:, :t])
         xb, pb = model.embed_blocks(anchors[:, n : n + 1], anchor_index[:, n : n + 1] + offset)
-        alone = model.forward_blocks(xb, pb, cached, cross)
+        with torch.no_grad():  # inference's few-query attention path
+            alone = model.forward_blocks(xb, pb, cached, cross)
         torch.testing.assert_close(packed[:, n * (k + 1) : (n + 1) * (k + 1)], alone, atol=1e-5, rtol=1e-5)
     # A block never sees history at or after its anchor: changing it changes nothing.
     changed = projected.clone()
@@ -93,6 +94,35 @@ def test_block_is_bidirectional(tiny_model):
     changed[:, k] += torch.randn(16)  # the last mask token
     out = model.forward_blocks(changed, positions, empty, cross)
     assert not torch.allclose(out[:, 0], base[:, 0])  # the anchor sees the last mask
+
+
+def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
+    import numpy as np
+
+    from ct2_flash.drafting import DraftWindow, GreedyOptions
+
+    model, k = tiny_model, tiny_model.config.num_draft_tokens
+    rng = np.random.default_rng(0)
+    window = DraftWindow(rng.normal(size=(7, 16)).astype(np.float32), (1, 2), GreedyOptions(), eot=49)
+    states = rng.normal(size=(4, 16)).astype(np.float32)  # positions 1..4: prompt end + 3 tokens
+    with torch.no_grad():
+        cached = model.history_kv(model.project_history(torch.from_numpy(states)[None]), torch.arange(1, 5)[None])
+        x, positions = model.embed_blocks(torch.tensor([[7]]), torch.tensor([[5]]))
+        expected = model.logits(model.forward_blocks(x, positions, cached, model.cross_kv(torch.from_numpy(window.encoder_output)[None])))
+    expected_tokens = tuple(expected[0, 1:].argmax(-1).tolist())
+    proposals = {}
+    for dtype, confidence in ((torch.float32, 0.0), (torch.bfloat16, 0.0), (torch.float32, 0.999)):
+        drafter = FlashDrafter(model, dtype=dtype, min_confidence=confidence)
+        drafter.begin(window)
+        drafter.advance(states[:1], 2)  # the controller's order: prefill state, then rounds
+        drafter.advance(states[1:], 5)
+        proposals[dtype, confidence] = drafter.propose([5, 6, 7], k).tokens
+    assert proposals[torch.float32, 0.0] == expected_tokens
+    assert len(proposals[torch.bfloat16, 0.0]) == k  # a cast copy; the float32 model is untouched
+    assert model.mask_embedding.dtype == torch.float32
+    # A random 50-token model is never 99.9% sure: the confident prefix is shorter.
+    assert len(proposals[torch.float32, 0.999]) < k
+    assert proposals[torch.float32, 0.999] == expected_tokens[: len(proposals[torch.float32, 0.999])]
 
 
 @pytest.fixture(scope="module")

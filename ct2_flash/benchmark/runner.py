@@ -1,0 +1,245 @@
+"""The timed runs: plain faster-whisper greedy against ``FlashWhisperModel`` on the same audio.
+
+Both systems run in one process on audio decoded once, after a warm-up, interleaved per
+utterance (the order alternates, so slow drift of the machine hits both alike), for several
+repeats; per utterance the median over repeats is used. The decode part is the time inside
+``generate()`` (encoder output to last token), the whole path is waveform to segments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..measure import Measurement, measure
+from .analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate
+from .manifest import Utterance
+
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run (checked once).
+
+    Attributes:
+        model: embedded model name or CTranslate2 model directory.
+        drafter: checkpoint directory; None for the model's default drafter; "builtin" for
+            ``PromptLookupDrafter``; "oracle" for the test oracle (it replays the target's own
+            greedy output, so it shows the loop's ceiling, not a real drafter).
+        compute_types, threads: every combination is one setting.
+        num_draft_tokens: K.
+        repeats: timed passes over all utterances.
+        without_timestamps: transcribe without timestamp tokens.
+    """
+
+    model: str = "tiny.en"
+    drafter: Optional[str] = None
+    compute_types: Tuple[str, ...] = ("int8",)
+    threads: Tuple[int, ...] = (2,)
+    num_draft_tokens: int = 8
+    repeats: int = 3
+    without_timestamps: bool = False
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.num_draft_tokens < 1:
+            raise ValueError("repeats and num_draft_tokens must be >= 1")
+        if not self.compute_types or not self.threads or min(self.threads) < 1:
+            raise ValueError("need at least one compute type and thread counts >= 1")
+
+
+def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
+    """Decode every file once (PyAV via faster-whisper); a clear error names a bad file."""
+    from faster_whisper import decode_audio
+
+    audio = {}
+    for utterance in utterances:
+        try:
+            samples = decode_audio(utterance.path, sampling_rate=SAMPLE_RATE)
+        except Exception as error:  # PyAV raises many types for unreadable input
+            raise ValueError(f"cannot read audio {utterance.path!r}: {error}") from error
+        if samples.size == 0:
+            raise ValueError(f"{utterance.path!r} contains no audio")
+        audio[utterance.path] = samples
+    return audio
+
+
+def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
+    from ..drafting import PromptLookupDrafter
+    from ..whisper_model import FlashWhisperModel
+
+    drafter = config.drafter
+    if drafter == "builtin":
+        drafter = PromptLookupDrafter()
+    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads,
+                              num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter)
+    if drafter == "oracle":
+        from ..testing import OracleDrafter
+
+        flash.model.decoder.drafter = OracleDrafter(flash.model._model)
+    return flash
+
+
+def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
+                compute_type: str, threads: int, progress: bool = True) -> dict:
+    """Measure one (compute type, threads) setting; returns its report section."""
+    import ctranslate2
+    from faster_whisper import WhisperModel
+    from tqdm import tqdm
+
+    from ..models import resolve_model
+
+    path = resolve_model(config.model)
+    baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
+    flash = _flash_model(config, path, compute_type, threads)
+    options = dict(beam_size=1, without_timestamps=config.without_timestamps)
+    first = audio[utterances[0].path]
+    for model in (baseline, flash):  # warm-up: first calls allocate and load kernels
+        measure(model, first, **options)
+    if config.drafter == "oracle":  # the oracle decodes each window once, then replays it
+        for utterance in utterances[1:]:
+            measure(flash, audio[utterance.path], **options)
+
+    runs: Dict[str, List[Dict[str, List]]] = {
+        u.path: {"baseline": [], "flash": [], "stats": []} for u in utterances
+    }
+    bar = tqdm(total=config.repeats * len(utterances), desc=f"{compute_type}, {threads} thread(s)", disable=not progress)
+    for repeat in range(config.repeats):
+        for index, utterance in enumerate(utterances):
+            samples = audio[utterance.path]
+            order = ("baseline", "flash") if (repeat + index) % 2 == 0 else ("flash", "baseline")
+            for system in order:
+                # Temperature fallback samples inside CTranslate2; the same seed for both
+                # systems makes their fallbacks comparable.
+                ctranslate2.set_random_seed(repeat)
+                if system == "flash":
+                    flash.reset_spec_stats()
+                    runs[utterance.path]["flash"].append(measure(flash, samples, **options))
+                    runs[utterance.path]["stats"].append(dataclasses.replace(flash.spec_stats))
+                else:
+                    runs[utterance.path]["baseline"].append(measure(baseline, samples, **options))
+            bar.update(1)
+    bar.close()
+    rows = [_utterance_row(u, audio[u.path], runs[u.path]) for u in utterances]
+    return {"compute_type": compute_type, "threads": threads, "drafter": type(flash.drafter).__name__,
+            "summary": summarise(rows), "utterances": rows}
+
+
+def _median(runs: Sequence[Measurement], field: str) -> float:
+    return statistics.median(getattr(run, field) for run in runs)
+
+
+def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, list]) -> dict:
+    base, flash, stats = runs["baseline"], runs["flash"], runs["stats"]
+    seconds = samples.size / SAMPLE_RATE
+    # Greedy decoding is deterministic: every repeat drafts and accepts the same, so counts
+    # come from the first repeat and times are averaged over all.
+    counts = stats[0]
+    drafter_seconds = statistics.fmean(item.drafter_seconds for item in stats)
+    verify_seconds = statistics.fmean(item.verify_seconds for item in stats)
+    return {
+        "name": utterance.name,
+        "path": utterance.path,
+        "seconds": seconds,
+        "bucket": bucket_of(seconds),
+        "reference": utterance.reference,
+        "baseline_text": base[0].text,
+        "flash_text": flash[0].text,
+        "tokens": sum(len(t) for t in base[0].tokens),
+        "identical": all(b.tokens == f.tokens for b, f in zip(base, flash)),
+        "baseline": {"decode": _median(base, "decode_seconds"), "whole": _median(base, "whole_seconds"),
+                     "encode": _median(base, "encode_seconds")},
+        "flash": {"decode": _median(flash, "decode_seconds"), "whole": _median(flash, "whole_seconds"),
+                  "encode": _median(flash, "encode_seconds"),
+                  "drafter": drafter_seconds, "verify": verify_seconds},
+        "target_calls": counts.target_calls,
+        "emitted": counts.emitted,
+        "proposed_by_position": list(counts.proposed_by_position),
+        "accepted_by_position": list(counts.accepted_by_position),
+    }
+
+
+def _ratio(numerator: float, denominator: float) -> Optional[float]:
+    return numerator / denominator if denominator else None
+
+
+def _speedups(rows: Sequence[dict]) -> dict:
+    return {
+        part: paired_bootstrap([r["baseline"][part] for r in rows], [r["flash"][part] for r in rows])
+        for part in ("decode", "whole")
+    }
+
+
+def summarise(rows: Sequence[dict]) -> dict:
+    """Totals over utterances: speedups with 95% intervals, throughput, identity, WER,
+    acceptance (overall, first position, by position), per-bucket speedups, time split."""
+    audio_seconds = sum(r["seconds"] for r in rows)
+    tokens = sum(r["tokens"] for r in rows)
+    proposed = np.zeros(max((len(r["proposed_by_position"]) for r in rows), default=0), dtype=np.int64)
+    accepted = np.zeros_like(proposed)
+    for r in rows:
+        proposed[: len(r["proposed_by_position"])] += r["proposed_by_position"]
+        accepted[: len(r["accepted_by_position"])] += r["accepted_by_position"]
+    systems = {}
+    for system in ("baseline", "flash"):
+        whole = sum(r[system]["whole"] for r in rows)
+        decode = sum(r[system]["decode"] for r in rows)
+        encode = sum(r[system]["encode"] for r in rows)
+        split = {"encoder": encode, "decode": decode, "rest of whole path": max(0.0, whole - encode - decode)}
+        if system == "flash":
+            drafter = sum(r["flash"]["drafter"] for r in rows)
+            verify = sum(r["flash"]["verify"] for r in rows)
+            split = {"encoder": encode, "drafter": drafter, "verification": verify,
+                     "other decode (python, rules)": max(0.0, decode - drafter - verify),
+                     "rest of whole path": max(0.0, whole - encode - decode)}
+        systems[system] = {
+            "audio_seconds_per_second": _ratio(audio_seconds, whole),
+            "generated_tokens_per_second": _ratio(tokens, decode),
+            "whole_seconds": whole,
+            "decode_seconds": decode,
+            "time_split_seconds": split,
+            "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows]),
+        }
+    buckets = {}
+    for label in bucket_labels():
+        members = [r for r in rows if r["bucket"] == label]
+        if members:
+            buckets[label] = {"utterances": len(members), "audio_seconds": sum(r["seconds"] for r in members),
+                              **_speedups(members)}
+    return {
+        "utterances": len(rows),
+        "audio_seconds": audio_seconds,
+        "generated_tokens": tokens,
+        "speedup": _speedups(rows),
+        "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
+        "acceptance_rate": _ratio(int(accepted.sum()), int(proposed.sum())),
+        "tokens_per_target_call": _ratio(sum(r["emitted"] for r in rows), sum(r["target_calls"] for r in rows)),
+        "acceptance_by_position": [_ratio(int(a), int(p)) for a, p in zip(accepted, proposed)],
+        "first_position_acceptance": _ratio(int(accepted[0]), int(proposed[0])) if proposed.size else None,
+        "systems": systems,
+        "buckets": buckets,
+    }
+
+
+def run(config: BenchConfig, utterances: Sequence[Utterance], progress: bool = True) -> dict:
+    """Every setting of ``config`` on ``utterances``; returns the JSON document."""
+    if not utterances:
+        raise ValueError("nothing to benchmark")
+    started = time.time()
+    audio = load_audio(utterances)
+    settings = [run_setting(config, utterances, audio, compute_type, threads, progress)
+                for compute_type in config.compute_types for threads in config.threads]
+    return {
+        "what": "faster-whisper greedy vs ct2-flash (FlashWhisperModel), same engine, same decoded audio",
+        "config": dataclasses.asdict(config),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "wall_seconds": time.time() - started,
+        "settings": settings,
+    }

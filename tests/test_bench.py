@@ -1,0 +1,142 @@
+"""The benchmark: statistics helpers, manifests, speech-set unpacking, and one end-to-end run."""
+
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate
+from ct2_flash.benchmark.manifest import Utterance, from_directory, read_manifest, write_manifest
+from ct2_flash.benchmark.speech_sets import _unpack_mfa, _unpack_pocketsphinx
+
+from .conftest import DATA
+
+
+def test_buckets_have_half_open_edges():
+    assert [bucket_of(s) for s in (0.0, 4.99, 5.0, 9.99, 10.0, 19.9, 20.0, 29.99, 30.0, 94.0)] == [
+        "[0,5)", "[0,5)", "[5,10)", "[5,10)", "[10,20)", "[10,20)", "[20,30)", "[20,30)", ">=30", ">=30"
+    ]
+    assert bucket_labels() == ["[0,5)", "[5,10)", "[10,20)", "[20,30)", ">=30"]
+    with pytest.raises(ValueError):
+        bucket_of(-1.0)
+
+
+def test_paired_bootstrap():
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.5, 3.0, size=40)
+    same = paired_bootstrap(base, base)
+    assert same == {"speedup": 1.0, "low": pytest.approx(1.0), "high": pytest.approx(1.0)}
+    twice = paired_bootstrap(base, base / 2 * rng.uniform(0.9, 1.1, size=40))
+    assert twice["low"] < twice["speedup"] < twice["high"]
+    assert twice["low"] < 2.0 < twice["high"] and twice["high"] - twice["low"] < 0.3
+    # Pairing matters: the same times shuffled give a much wider interval.
+    unpaired = paired_bootstrap(base, rng.permutation(base / 2))
+    assert unpaired["high"] - unpaired["low"] > twice["high"] - twice["low"]
+    one = paired_bootstrap([2.0], [1.0])
+    assert one == {"speedup": 2.0, "low": 2.0, "high": 2.0}
+    with pytest.raises(ValueError):
+        paired_bootstrap([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError):
+        paired_bootstrap([1.0], [0.0])
+
+
+def test_word_error_rate_normalises_like_whisper():
+    assert word_error_rate(["Mister Smith, uh, has twenty-two apples."], ["mr smith has 22 apples"]) == 0.0
+    assert word_error_rate(["The cat sat down."], ["the cat sat"]) == pytest.approx(0.25)
+    assert word_error_rate(["", ""], ["a", "b"]) is None  # no reference text at all
+
+
+def test_manifest_round_trip_and_errors(tmp_path):
+    clip = os.path.join(DATA, "clip00_kal16.ogg")
+    manifest = tmp_path / "sub" / "set.tsv"
+    write_manifest(str(manifest), [Utterance(clip, "hello\tworld"), Utterance(clip, "")])
+    read = read_manifest(str(manifest))
+    assert read == [Utterance(clip, "hello world"), Utterance(clip, "")]
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("path\ttext\nmissing.wav\tsomething\n")
+    with pytest.raises(ValueError, match="bad.tsv:2: audio file .*missing.wav.* does not exist"):
+        read_manifest(str(bad))
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("path\ttext\n")
+    with pytest.raises(ValueError, match="lists no audio"):
+        read_manifest(str(empty))
+    (tmp_path / "a.wav").write_bytes(b"")
+    (tmp_path / "a.txt").write_text("the\nreference ")
+    (tmp_path / "notes.md").write_text("x")
+    assert from_directory(str(tmp_path)) == [Utterance(str(tmp_path / "a.wav"), "the reference")]
+
+
+def _tar(files: dict) -> tarfile.TarFile:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return tarfile.open(fileobj=buffer)
+
+
+def test_speech_sets_unpack_only_english_clips_with_transcripts(tmp_path):
+    conftest = b'def reference_transcripts():\n    return {"mfa_um": "montreal um aligner", "gone": "x"}\n'
+    mfa = _tar({
+        "mfa-3/tests/conftest.py": conftest,
+        "mfa-3/tests/data/wav/mfa_um.flac": b"flac",
+        "mfa-3/tests/data/wav/61-70968-0000.flac": b"flac",
+        "mfa-3/tests/data/wav/french_clitics.wav": b"wav",
+        "mfa-3/tests/data/lab/61-70968-0000.lab": b"HE BEGAN\n",
+        "mfa-3/tests/data/lab/french_clitics.lab": b"aujourd'hui",
+        "mfa-3/tests/data/wav/../../../escape.flac": b"never written outside",
+    })
+    got = _unpack_mfa(mfa, str(tmp_path))
+    assert sorted((os.path.basename(u.path), u.reference) for u in got) == [
+        ("61-70968-0000.flac", "HE BEGAN"), ("mfa_um.flac", "montreal um aligner")
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["61-70968-0000.flac", "mfa_um.flac"]
+    sphinx = _tar({
+        "ps-5/test/data/librivox/a-0870.wav": b"wav",
+        "ps-5/test/data/librivox/a-0870.txt": b"and mister john\n",
+        "ps-5/test/data/cards/001.wav": b"wav",
+        "ps-5/test/data/cards/cards.transcription": b"<s> ten of clubs  </s> (001)\n<s> x </s> (009)\n",
+    })
+    got = _unpack_pocketsphinx(sphinx, str(tmp_path))
+    assert [(os.path.basename(u.path), u.reference) for u in got] == [
+        ("a-0870.wav", "and mister john"), ("cards_001.wav", "ten of clubs")
+    ]
+
+
+def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
+    from ct2_flash.cli import main
+
+    manifest = tmp_path / "two.tsv"
+    write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip00_kal16.ogg"), "a reference"),
+                                   Utterance(os.path.join(DATA, "clip01_slt.ogg"), "")])
+    out = tmp_path / "out"
+    code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
+                 "--compute-types", "float32", "--out", str(out)])
+    assert code == 0
+    document = json.loads((out / "bench.json").read_text())
+    (setting,) = document["settings"]
+    summary = setting["summary"]
+    assert summary["utterances"] == 2 and summary["token_identity"] == {"identical": 2, "of": 2}
+    assert summary["speedup"]["decode"]["low"] <= summary["speedup"]["decode"]["speedup"] <= summary["speedup"]["decode"]["high"]
+    assert summary["tokens_per_target_call"] > 1.0 and summary["first_position_acceptance"] > 0.5
+    assert set(summary["systems"]) == {"baseline", "flash"}
+    assert summary["systems"]["baseline"]["wer"] is not None
+    assert sum(b["utterances"] for b in summary["buckets"].values()) == 2
+    for name in ("speedup_by_duration.png", "acceptance_by_position.png", "time_split.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_refuses_unreadable_audio(tmp_path, capsys):
+    from ct2_flash.cli import main
+
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"not audio at all")
+    manifest = tmp_path / "m.tsv"
+    write_manifest(str(manifest), [Utterance(str(broken), "")])
+    assert main(["bench", "--manifest", str(manifest), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot read audio" in capsys.readouterr().err
