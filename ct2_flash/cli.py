@@ -87,9 +87,19 @@ def _bench(args: argparse.Namespace) -> int:
         print("ct2-flash bench: give --manifest, --audio-dir or --speech-set", file=sys.stderr)
         return 2
     utterances = utterances[: args.limit] if args.limit else utterances
+    stock_python = ""
+    if args.stock:
+        from .benchmark.stock import ensure_environment
+
+        try:
+            stock_python = ensure_environment(args.stock_env)
+        except RuntimeError as error:
+            print(f"ct2-flash bench: {error}", file=sys.stderr)
+            return 2
     config = BenchConfig(model=args.model, drafter=args.drafter, compute_types=tuple(args.compute_types),
                          threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
-                         without_timestamps=args.no_timestamps)
+                         without_timestamps=args.no_timestamps, stock_python=stock_python,
+                         batch_sizes=tuple(args.batch_sizes))
     try:
         document = run(config, utterances)
     except ValueError as error:  # unreadable or empty audio
@@ -108,6 +118,14 @@ def _bench(args: argparse.Namespace) -> int:
               f"whole {whole['speedup']:.2f}x [{whole['low']:.2f}, {whole['high']:.2f}], "
               f"identical {identity['identical']}/{identity['of']}, "
               f"{summary['tokens_per_target_call']:.2f} tokens per target call")
+        for section in setting.get("batched", []):
+            speed, identity = section["speedup"]["whole"], section["token_identity"]
+            print(f"  BatchedInferencePipeline batch {section['batch_size']}: whole {speed['speedup']:.2f}x "
+                  f"[{speed['low']:.2f}, {speed['high']:.2f}], identical {identity['identical']}/{identity['of']}")
+        if summary["speedup_vs_stock"]:
+            stock = summary["speedup_vs_stock"]
+            print(f"  vs stock ctranslate2 {setting['stock_ctranslate2']}: decode {stock['decode']['speedup']:.2f}x, "
+                  f"whole {stock['whole']['speedup']:.2f}x")
     print(f"wrote {args.out}/bench.json and plots")
     return 0
 
@@ -150,6 +168,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--k", type=int, default=8, help="draft tokens per verification")
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--no-timestamps", action="store_true")
+    bench.add_argument("--stock", action="store_true",
+                       help="also time faster-whisper on stock ctranslate2 (in a separate venv, created on first use)")
+    bench.add_argument("--stock-env", default="", help="that venv's directory (default ~/.cache/ct2_flash/stock-venv)")
+    bench.add_argument("--batch-sizes", nargs="*", type=int, default=[],
+                       help="also compare BatchedInferencePipeline at these batch sizes (e.g. 1 2 4 8 16)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
     fetch = commands.add_parser("fetch-speech", help="download the real-speech sets and write their manifests")
     fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx (default: all)")

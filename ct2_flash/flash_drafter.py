@@ -145,11 +145,14 @@ class FlashDrafter(Drafter):
         min_confidence: stop the proposal at the first position where the product of the
             drafter's probabilities so far falls below this (0 proposes all K). Each extra
             verified token costs ~0.05 of a decoder step; an unlikely one rarely pays.
+        use_shortlist: score only the checkpoint's draft-head shortlist (False scores the
+            whole vocabulary: slower, and only there to measure what the shortlist costs).
     """
 
     needs_states = True
 
-    def __init__(self, model: FlashDrafterModel, dtype: Optional[torch.dtype] = None, min_confidence: float = 0.0) -> None:
+    def __init__(self, model: FlashDrafterModel, dtype: Optional[torch.dtype] = None, min_confidence: float = 0.0,
+                 use_shortlist: bool = True) -> None:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         dtype = dtype or default_inference_dtype()
@@ -157,10 +160,13 @@ class FlashDrafter(Drafter):
         self.model = (model if dtype == source_dtype else copy.deepcopy(model).to(dtype)).eval()
         self.dtype = dtype
         self.min_confidence = min_confidence
+        # Without history (an ablation) the target's states are not worth recovering.
+        self.needs_states = model.config.use_history
         self.vocab_size = model.config.target.vocab_size
         self.num_draft_tokens = model.config.num_draft_tokens
         # The (shortlisted) output head, gathered once: per round it is the largest matmul.
-        self._head = self.model.token_embedding[self.model.shortlist].T.contiguous()  # [d, shortlist]
+        self._vocabulary = self.model.shortlist if use_shortlist else torch.arange(self.vocab_size)
+        self._head = self.model.token_embedding[self._vocabulary].T.contiguous()  # [d, shortlist]
         self._cross_kv = None
         self._empty_history: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_kv: List[Tuple[torch.Tensor, torch.Tensor]] = []
@@ -173,7 +179,9 @@ class FlashDrafter(Drafter):
     def begin(self, window: DraftWindow) -> None:
         with torch.inference_mode():
             self._cross_kv = self.model.cross_kv(self._tensor(window.encoder_output)[None])
-            self._empty_history = [(k[:, :0], v[:, :0]) for k, v in self._cross_kv]
+            config = self.model.config
+            empty = torch.zeros(1, 0, config.num_heads, config.d_model // config.num_heads, dtype=self.dtype)
+            self._empty_history = [(empty, empty)] * config.num_layers
         self._history_kv = []
         # The first states the controller hands over are those of the last prompt position.
         self._history_start = len(window.prompt) - 1
@@ -203,7 +211,7 @@ class FlashDrafter(Drafter):
             states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._cross_kv)
             logits = (states[0, 1 : 1 + num_tokens] @ self._head).float()  # mask positions
             best, index = logits.max(-1)
-            tokens = self.model.shortlist[index].tolist()
+            tokens = self._vocabulary[index].tolist()
             if self.min_confidence > 0.0:
                 # log p(best) per position; keep the prefix whose joint probability stays high.
                 joint = torch.cumsum(best - torch.logsumexp(logits, -1), 0)

@@ -54,6 +54,8 @@ class DrafterConfig:
         rope_base: RoPE frequency base.
         max_positions: the target's text context (positions are clamped to it).
         shortlist_size: size of the draft-head vocabulary shortlist, 0 for the full vocabulary.
+        use_audio: cross-attention to the encoder output (off only for the ablation).
+        use_history: attention to the target's decoder states (off only for the ablation).
     """
 
     target: TargetIdentity
@@ -65,6 +67,8 @@ class DrafterConfig:
     rope_base: float = 10000.0
     max_positions: int = 448
     shortlist_size: int = 0
+    use_audio: bool = True
+    use_history: bool = True
 
     def __post_init__(self) -> None:
         if self.target.d_model % self.num_heads:
@@ -175,7 +179,8 @@ class DrafterLayer(nn.Module):
             x: [B, S, d] block tokens (one or several packed blocks).
             positions: [B, S] their text positions.
             history_kv: keys, values [B, T, heads, head_dim] of the history.
-            cross_kv: keys, values [B, F, heads, head_dim] of the encoder output.
+            cross_kv: keys, values [B, F, heads, head_dim] of the encoder output, or None
+                to skip cross-attention (the no-audio ablation).
             mask: [B, S, T + S] boolean, True = may attend; None = everything visible.
         Returns:
             [B, S, d]
@@ -188,9 +193,10 @@ class DrafterLayer(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=None if mask is None else mask[:, None]
         )
         x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
-        q = self._heads(self.cross_q(self.cross_norm(x)))
-        attended = _attend(q.transpose(1, 2), cross_kv[0].transpose(1, 2), cross_kv[1].transpose(1, 2))
-        x = x + self.cross_out(attended.transpose(1, 2).flatten(-2))
+        if cross_kv is not None:
+            q = self._heads(self.cross_q(self.cross_norm(x)))
+            attended = _attend(q.transpose(1, 2), cross_kv[0].transpose(1, 2), cross_kv[1].transpose(1, 2))
+            x = x + self.cross_out(attended.transpose(1, 2).flatten(-2))
         return x + self.fc2(F.gelu(self.fc1(self.ffn_norm(x))))
 
 
@@ -233,7 +239,10 @@ class FlashDrafterModel(nn.Module):
         return self.history_proj(states)
 
     def cross_kv(self, encoder_output: torch.Tensor):
-        """Per-layer encoder keys/values for one window (reused every round)."""
+        """Per-layer encoder keys/values for one window (reused every round); None per layer
+        without audio."""
+        if not self.config.use_audio:
+            return [None] * len(self.layers)
         return [layer.cross_kv_of(encoder_output) for layer in self.layers]
 
     def history_kv(self, projected: torch.Tensor, positions: torch.Tensor):
@@ -242,6 +251,8 @@ class FlashDrafterModel(nn.Module):
         Caching them is exact because layer l's history keys depend only on the history
         itself: history tokens are inputs of every layer, never updated by the block.
         """
+        if not self.config.use_history:  # the ablation: nothing of the target's states
+            projected, positions = projected[:, :0], positions[:, :0]
         return [layer.history_kv(projected, positions) for layer in self.layers]
 
     def forward_blocks(self, x, positions, history_kvs, cross_kvs, mask=None) -> torch.Tensor:

@@ -62,17 +62,21 @@ class _Timed:
 
 
 def measure(model, audio: np.ndarray, **transcribe_options: Any) -> Measurement:
-    """Transcribe ``audio`` (float32 16 kHz mono) with ``model`` and time it."""
-    inner = model.model
+    """Transcribe ``audio`` (float32 16 kHz mono) with ``model`` and time it.
+
+    ``model`` is a ``WhisperModel`` or a ``BatchedInferencePipeline`` around one.
+    """
+    owner = model.model if hasattr(model, "forward") else model  # a pipeline holds the model
+    inner = owner.model
     timed = _Timed(inner)
-    model.model = timed
+    owner.model = timed
     try:
         started = time.perf_counter()
         segments, _ = model.transcribe(audio, **transcribe_options)
         segments = list(segments)
         whole = time.perf_counter() - started
     finally:
-        model.model = inner
+        owner.model = inner
     return Measurement(
         text="".join(segment.text for segment in segments).strip(),
         tokens=[list(segment.tokens) for segment in segments],

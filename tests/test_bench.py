@@ -116,7 +116,7 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
                                    Utterance(os.path.join(DATA, "clip01_slt.ogg"), "")])
     out = tmp_path / "out"
     code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
-                 "--compute-types", "float32", "--out", str(out)])
+                 "--compute-types", "float32", "--batch-sizes", "2", "--out", str(out)])
     assert code == 0
     document = json.loads((out / "bench.json").read_text())
     (setting,) = document["settings"]
@@ -127,6 +127,8 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
     assert set(summary["systems"]) == {"baseline", "flash"}
     assert summary["systems"]["baseline"]["wer"] is not None
     assert sum(b["utterances"] for b in summary["buckets"].values()) == 2
+    (batched,) = setting["batched"]
+    assert batched["batch_size"] == 2 and batched["token_identity"] == {"identical": 2, "of": 2}
     for name in ("speedup_by_duration.png", "acceptance_by_position.png", "time_split.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
@@ -140,3 +142,21 @@ def test_bench_refuses_unreadable_audio(tmp_path, capsys):
     write_manifest(str(manifest), [Utterance(str(broken), "")])
     assert main(["bench", "--manifest", str(manifest), "--out", str(tmp_path / "o")]) == 2
     assert "cannot read audio" in capsys.readouterr().err
+
+
+def test_stock_worker_protocol(model_path, clips):
+    """The worker that times stock faster-whisper in its own venv, driven here by this venv's
+    interpreter (the protocol and timing are the same; only the runtime differs)."""
+    import sys
+
+    from faster_whisper import WhisperModel
+
+    from ct2_flash.benchmark.stock import StockWorker
+
+    audio = clips["clip00_kal16.ogg"]
+    expected, _ = WhisperModel(model_path, compute_type="int8", cpu_threads=2).transcribe(audio, beam_size=1)
+    with StockWorker(sys.executable, model_path, "int8", 2) as worker:
+        got = worker.measure("clip00", audio, seed=0, beam_size=1)
+        again = worker.measure("clip00", audio, seed=0, beam_size=1)
+    assert got.tokens == again.tokens == [list(s.tokens) for s in expected]
+    assert 0 < got.decode_seconds < got.whole_seconds

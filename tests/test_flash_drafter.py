@@ -125,6 +125,35 @@ def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
     assert proposals[torch.float32, 0.999] == expected_tokens[: len(proposals[torch.float32, 0.999])]
 
 
+@pytest.mark.parametrize("switch", ["use_audio", "use_history"])
+def test_ablations_remove_exactly_one_input(switch):
+    import dataclasses
+
+    torch.manual_seed(2)
+    model = FlashDrafterModel(dataclasses.replace(tiny_config(), **{switch: False}))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+        model.token_embedding.normal_()
+    history, encoder = torch.randn(1, 6, 16), torch.randn(1, 7, 16)
+    positions = torch.arange(6)[None]
+    x, block_positions = model.embed_blocks(torch.tensor([[3]]), torch.tensor([[6]]))
+
+    def run(history, encoder):
+        kv = model.history_kv(model.project_history(history), positions)
+        return model.forward_blocks(x, block_positions, kv, model.cross_kv(encoder))
+
+    base = run(history, encoder)
+    new_audio, new_history = run(history, torch.randn(1, 7, 16)), run(torch.randn(1, 6, 16), encoder)
+    assert torch.equal(base, new_audio) == (switch == "use_audio")
+    assert torch.equal(base, new_history) == (switch == "use_history")
+    assert FlashDrafter(model, dtype=torch.float32).needs_states == (switch == "use_audio")
+    # Configs written before the switches existed load with both inputs on.
+    old = model.config.to_json_dict()
+    del old["use_audio"], old["use_history"]
+    assert DrafterConfig.from_json_dict(old).use_audio and DrafterConfig.from_json_dict(old).use_history
+
+
 @pytest.fixture(scope="module")
 def real_drafter_dir(model_path, tmp_path_factory):
     config = DrafterConfig(target=target_identity(model_path, "tiny.en"))

@@ -6,6 +6,9 @@ import os
 from typing import List
 
 
+SYSTEM_NAMES = {"baseline": "faster-whisper, same engine", "flash": "ct2-flash", "stock": "faster-whisper, stock ct2"}
+
+
 def write_plots(document: dict, out_dir: str) -> List[str]:
     """Speedup by duration bucket, acceptance by draft position, where the time goes.
 
@@ -51,12 +54,12 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
     axis.legend()
     paths.append(_save(figure, out_dir, "acceptance_by_position.png"))
 
-    figure, axis = plt.subplots(figsize=(8, 0.9 + 0.9 * len(settings)))
     rows, names = [], []
     for label, setting in zip(labels, settings):
-        for system in ("baseline", "flash"):
-            rows.append(setting["summary"]["systems"][system]["time_split_seconds"])
-            names.append(f"{label}\n{'faster-whisper' if system == 'baseline' else 'ct2-flash'}")
+        for system, summary in setting["summary"]["systems"].items():
+            rows.append(summary["time_split_seconds"])
+            names.append(f"{label}\n{SYSTEM_NAMES[system]}")
+    figure, axis = plt.subplots(figsize=(9, 1.2 + 0.45 * len(rows)))
     seen = list(dict.fromkeys(part for row in rows for part in row))
     parts = [p for p in seen if p != "rest of whole path"] + ["rest of whole path"]
     for part in parts:

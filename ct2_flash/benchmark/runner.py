@@ -21,6 +21,7 @@ import numpy as np
 from ..measure import Measurement, measure
 from .analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate
 from .manifest import Utterance
+from .stock import StockWorker
 
 SAMPLE_RATE = 16000
 
@@ -38,6 +39,10 @@ class BenchConfig:
         num_draft_tokens: K.
         repeats: timed passes over all utterances.
         without_timestamps: transcribe without timestamp tokens.
+        stock_python: interpreter of a stock-ctranslate2 environment (``stock.ensure_environment``)
+            to also time faster-whisper as users install it today; "" to skip.
+        batch_sizes: also compare ``BatchedInferencePipeline`` runs at these batch sizes
+            (worth it on recordings longer than one 30 s window).
     """
 
     model: str = "tiny.en"
@@ -47,8 +52,12 @@ class BenchConfig:
     num_draft_tokens: int = 8
     repeats: int = 3
     without_timestamps: bool = False
+    stock_python: str = ""
+    batch_sizes: Tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(size < 1 for size in self.batch_sizes):
+            raise ValueError("batch sizes must be >= 1")
         if self.repeats < 1 or self.num_draft_tokens < 1:
             raise ValueError("repeats and num_draft_tokens must be >= 1")
         if not self.compute_types or not self.threads or min(self.threads) < 1:
@@ -99,37 +108,98 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     path = resolve_model(config.model)
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flash = _flash_model(config, path, compute_type, threads)
+    stock = StockWorker(config.stock_python, path, compute_type, threads) if config.stock_python else None
     options = dict(beam_size=1, without_timestamps=config.without_timestamps)
-    first = audio[utterances[0].path]
-    for model in (baseline, flash):  # warm-up: first calls allocate and load kernels
-        measure(model, first, **options)
-    if config.drafter == "oracle":  # the oracle decodes each window once, then replays it
-        for utterance in utterances[1:]:
-            measure(flash, audio[utterance.path], **options)
+    systems = {"baseline": lambda key, samples, seed: measure(baseline, samples, **options),
+               "flash": lambda key, samples, seed: measure(flash, samples, **options)}
+    if stock is not None:
+        systems["stock"] = lambda key, samples, seed: stock.measure(key, samples, seed, **options)
+    try:
+        first = utterances[0]
+        for run_system in systems.values():  # warm-up: first calls allocate and load kernels
+            run_system(first.path, audio[first.path], 0)
+        if config.drafter == "oracle":  # the oracle decodes each window once, then replays it
+            for utterance in utterances[1:]:
+                measure(flash, audio[utterance.path], **options)
 
-    runs: Dict[str, List[Dict[str, List]]] = {
-        u.path: {"baseline": [], "flash": [], "stats": []} for u in utterances
-    }
-    bar = tqdm(total=config.repeats * len(utterances), desc=f"{compute_type}, {threads} thread(s)", disable=not progress)
-    for repeat in range(config.repeats):
-        for index, utterance in enumerate(utterances):
-            samples = audio[utterance.path]
-            order = ("baseline", "flash") if (repeat + index) % 2 == 0 else ("flash", "baseline")
-            for system in order:
-                # Temperature fallback samples inside CTranslate2; the same seed for both
-                # systems makes their fallbacks comparable.
-                ctranslate2.set_random_seed(repeat)
-                if system == "flash":
-                    flash.reset_spec_stats()
-                    runs[utterance.path]["flash"].append(measure(flash, samples, **options))
-                    runs[utterance.path]["stats"].append(dataclasses.replace(flash.spec_stats))
-                else:
-                    runs[utterance.path]["baseline"].append(measure(baseline, samples, **options))
-            bar.update(1)
-    bar.close()
+        runs: Dict[str, Dict[str, list]] = {u.path: {name: [] for name in [*systems, "stats"]} for u in utterances}
+        names = list(systems)
+        bar = tqdm(total=config.repeats * len(utterances), desc=f"{compute_type}, {threads} thread(s)", disable=not progress)
+        for repeat in range(config.repeats):
+            for index, utterance in enumerate(utterances):
+                samples = audio[utterance.path]
+                shift = (repeat + index) % len(names)  # rotate who goes first
+                for name in names[shift:] + names[:shift]:
+                    # Temperature fallback samples inside CTranslate2; the same seed for every
+                    # system makes their fallbacks comparable.
+                    ctranslate2.set_random_seed(repeat)
+                    if name == "flash":
+                        flash.reset_spec_stats()
+                    runs[utterance.path][name].append(systems[name](utterance.path, samples, repeat))
+                    if name == "flash":
+                        runs[utterance.path]["stats"].append(dataclasses.replace(flash.spec_stats))
+                bar.update(1)
+        bar.close()
+    finally:
+        if stock is not None:
+            stock.close()
     rows = [_utterance_row(u, audio[u.path], runs[u.path]) for u in utterances]
     return {"compute_type": compute_type, "threads": threads, "drafter": type(flash.drafter).__name__,
+            "stock_ctranslate2": stock.version if stock is not None else None,
             "summary": summarise(rows), "utterances": rows}
+
+
+def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
+                compute_type: str, threads: int, progress: bool = True) -> List[dict]:
+    """faster-whisper's ``BatchedInferencePipeline`` around each system, per batch size.
+
+    ct2-flash decodes the rows of a batch one after another (the patched decoder keeps one
+    sequence per state), faster-whisper decodes them together; this shows what that costs.
+    """
+    import ctranslate2
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+    from tqdm import tqdm
+
+    from ..models import resolve_model
+
+    path = resolve_model(config.model)
+    baseline = BatchedInferencePipeline(WhisperModel(path, compute_type=compute_type, cpu_threads=threads))
+    flash = BatchedInferencePipeline(_flash_model(config, path, compute_type, threads))
+    sections = []
+    for batch_size in config.batch_sizes:
+        options = dict(beam_size=1, batch_size=batch_size)
+        first = audio[utterances[0].path]
+        measure(baseline, first, **options)
+        measure(flash, first, **options)
+        runs = {u.path: {"baseline": [], "flash": []} for u in utterances}
+        bar = tqdm(total=config.repeats * len(utterances), desc=f"batch {batch_size}", disable=not progress)
+        for repeat in range(config.repeats):
+            for index, utterance in enumerate(utterances):
+                order = (("baseline", baseline), ("flash", flash))
+                for name, pipeline in order if (repeat + index) % 2 == 0 else order[::-1]:
+                    ctranslate2.set_random_seed(repeat)
+                    runs[utterance.path][name].append(measure(pipeline, audio[utterance.path], **options))
+                bar.update(1)
+        bar.close()
+        rows = []
+        for utterance in utterances:
+            base, got = runs[utterance.path]["baseline"], runs[utterance.path]["flash"]
+            rows.append({
+                "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
+                "identical": all(b.tokens == f.tokens for b, f in zip(base, got)),
+                "baseline": {"decode": _median(base, "decode_seconds"), "whole": _median(base, "whole_seconds")},
+                "flash": {"decode": _median(got, "decode_seconds"), "whole": _median(got, "whole_seconds")},
+            })
+        audio_seconds = sum(r["seconds"] for r in rows)
+        sections.append({
+            "batch_size": batch_size,
+            "speedup": _speedups(rows),
+            "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
+            "audio_seconds_per_second": {name: audio_seconds / sum(r[name]["whole"] for r in rows)
+                                         for name in ("baseline", "flash")},
+            "utterances": rows,
+        })
+    return sections
 
 
 def _median(runs: Sequence[Measurement], field: str) -> float:
@@ -159,6 +229,9 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "flash": {"decode": _median(flash, "decode_seconds"), "whole": _median(flash, "whole_seconds"),
                   "encode": _median(flash, "encode_seconds"),
                   "drafter": drafter_seconds, "verify": verify_seconds},
+        **({"stock": {"decode": _median(runs["stock"], "decode_seconds"), "whole": _median(runs["stock"], "whole_seconds"),
+                      "encode": _median(runs["stock"], "encode_seconds")},
+            "stock_identical": all(s.tokens == b.tokens for s, b in zip(runs["stock"], base))} if runs.get("stock") else {}),
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
         "proposed_by_position": list(counts.proposed_by_position),
@@ -170,9 +243,9 @@ def _ratio(numerator: float, denominator: float) -> Optional[float]:
     return numerator / denominator if denominator else None
 
 
-def _speedups(rows: Sequence[dict]) -> dict:
+def _speedups(rows: Sequence[dict], reference: str = "baseline") -> dict:
     return {
-        part: paired_bootstrap([r["baseline"][part] for r in rows], [r["flash"][part] for r in rows])
+        part: paired_bootstrap([r[reference][part] for r in rows], [r["flash"][part] for r in rows])
         for part in ("decode", "whole")
     }
 
@@ -188,7 +261,8 @@ def summarise(rows: Sequence[dict]) -> dict:
         proposed[: len(r["proposed_by_position"])] += r["proposed_by_position"]
         accepted[: len(r["accepted_by_position"])] += r["accepted_by_position"]
     systems = {}
-    for system in ("baseline", "flash"):
+    with_stock = all("stock" in r for r in rows)
+    for system in ("baseline", "flash", *(("stock",) if with_stock else ())):
         whole = sum(r[system]["whole"] for r in rows)
         decode = sum(r[system]["decode"] for r in rows)
         encode = sum(r[system]["encode"] for r in rows)
@@ -205,7 +279,8 @@ def summarise(rows: Sequence[dict]) -> dict:
             "whole_seconds": whole,
             "decode_seconds": decode,
             "time_split_seconds": split,
-            "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows]),
+            "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
+            if system != "stock" else None,
         }
     buckets = {}
     for label in bucket_labels():
@@ -218,7 +293,9 @@ def summarise(rows: Sequence[dict]) -> dict:
         "audio_seconds": audio_seconds,
         "generated_tokens": tokens,
         "speedup": _speedups(rows),
+        "speedup_vs_stock": _speedups(rows, "stock") if with_stock else None,
         "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
+        "stock_token_identity": {"identical": sum(r["stock_identical"] for r in rows), "of": len(rows)} if with_stock else None,
         "acceptance_rate": _ratio(int(accepted.sum()), int(proposed.sum())),
         "tokens_per_target_call": _ratio(sum(r["emitted"] for r in rows), sum(r["target_calls"] for r in rows)),
         "acceptance_by_position": [_ratio(int(a), int(p)) for a, p in zip(accepted, proposed)],
@@ -234,8 +311,13 @@ def run(config: BenchConfig, utterances: Sequence[Utterance], progress: bool = T
         raise ValueError("nothing to benchmark")
     started = time.time()
     audio = load_audio(utterances)
-    settings = [run_setting(config, utterances, audio, compute_type, threads, progress)
-                for compute_type in config.compute_types for threads in config.threads]
+    settings = []
+    for compute_type in config.compute_types:
+        for threads in config.threads:
+            setting = run_setting(config, utterances, audio, compute_type, threads, progress)
+            if config.batch_sizes:
+                setting["batched"] = run_batched(config, utterances, audio, compute_type, threads, progress)
+            settings.append(setting)
     return {
         "what": "faster-whisper greedy vs ct2-flash (FlashWhisperModel), same engine, same decoded audio",
         "config": dataclasses.asdict(config),

@@ -30,6 +30,12 @@ def main() -> None:
     fit.add_argument("--shortlist", type=int, default=8192)
     fit.add_argument("--validation-windows", type=int, default=48)
     fit.add_argument("--threads", type=int, default=2)
+    fit.add_argument("--no-audio", action="store_true", help="ablation: no cross-attention to the audio")
+    fit.add_argument("--no-history", action="store_true", help="ablation: no target decoder states")
+    export = steps.add_parser("export-validation", help="held-out validation audio as a bench manifest")
+    export.add_argument("--out", required=True)
+    export.add_argument("--skip", type=int, default=48, help="validation utterances used for checkpoint selection")
+    export.add_argument("--count", type=int, default=40)
     report = steps.add_parser("report", help="training report and curves for a run")
     report.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
     report.add_argument("--out", required=True, help="where to write the report")
@@ -52,8 +58,13 @@ def main() -> None:
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
                            warmup_steps=min(150, args.steps // 10), validation_windows=args.validation_windows)
         out = args.out or os.path.join(args.data, "runs", "main")
-        meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads)
+        meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
+                   use_audio=not args.no_audio, use_history=not args.no_history)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
+    elif args.step == "export-validation":
+        from .export import export_validation
+
+        logging.info("wrote %s", export_validation(args.data, args.out, args.skip, args.count))
     elif args.step == "report":
         from .report import write_report
 

@@ -132,10 +132,14 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
     """Weighted cross-entropy over the K draft positions of every packed block."""
     k = model.config.num_draft_tokens
     x, positions = model.embed_blocks(batch["anchors"], batch["anchor_positions"])
-    mask = block_attention_mask(batch["visible"], batch["history_length"], batch["history"].shape[1], k)
-    projected = model.project_history(batch["history"])
+    history, visible = batch["history"], batch["visible"]
+    if not model.config.use_history:  # the ablation: blocks see no target state at all
+        history, visible = history[:, :0], torch.zeros_like(visible)
+    mask = block_attention_mask(visible, batch["history_length"], history.shape[1], k)
+    projected = model.project_history(history)
     states = model.forward_blocks(
-        x, positions, model.history_kv(projected, batch["history_positions"]), model.cross_kv(batch["encoder"]), mask
+        x, positions, model.history_kv(projected, batch["history_positions"][:, : history.shape[1]]),
+        model.cross_kv(batch["encoder"]), mask
     )
     states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
     logits = model.logits(states)  # [B, N, K, shortlist]
@@ -226,9 +230,9 @@ def _load_state(path: str, model, optimizer) -> dict:
 
 
 def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
-        threads: int = 2, progress: bool = True) -> dict:
+        threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True) -> dict:
     """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
-    ``out_dir/best``."""
+    ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations."""
     from tqdm import tqdm
 
     from ..models import resolve_model
@@ -242,7 +246,8 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
     special = target.model.decoder.runtime.special
     shortlist = shortlist_from(train, shortlist_size, special)
-    drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist))
+    drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist),
+                                   use_audio=use_audio, use_history=use_history)
     model = FlashDrafterModel(drafter_config)
     model.init_from_target(CT2ModelFile(model_path))
     model.shortlist.copy_(torch.from_numpy(shortlist))

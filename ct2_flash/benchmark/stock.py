@@ -1,0 +1,99 @@
+"""The baseline users run today: faster-whisper on stock ``ctranslate2``, in its own venv.
+
+Stock and patched runtimes install the same ``ctranslate2`` module, so they cannot share an
+environment. ``ensure_environment`` creates (or reuses) a virtual environment with pinned
+stock packages; ``StockWorker`` drives ``stock_worker.py`` in it over stdin/stdout so its runs
+interleave with the in-process systems on the same decoded audio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import tempfile
+import venv
+
+import numpy as np
+
+from ..measure import Measurement
+
+# What `pip install faster-whisper` gives today, pinned so the baseline does not drift.
+STOCK_REQUIREMENTS = ("faster-whisper==1.2.1", "ctranslate2==4.8.5")
+
+
+def default_environment() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "stock-venv")
+
+
+def ensure_environment(path: str = "") -> str:
+    """Create the stock environment if needed; returns its python. Reused when it already has
+    the pinned versions."""
+    path = path or default_environment()
+    python = os.path.join(path, "bin", "python")
+    marker = os.path.join(path, "ct2_flash_stock.json")
+    if os.path.isfile(marker):
+        with open(marker, encoding="utf-8") as stream:
+            if json.load(stream).get("requirements") == list(STOCK_REQUIREMENTS):
+                return python
+    if not os.path.isfile(python):
+        venv.EnvBuilder(with_pip=True).create(path)
+    result = subprocess.run([python, "-m", "pip", "install", "--quiet", *STOCK_REQUIREMENTS], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"could not install the stock baseline into {path}:\n{result.stderr.strip()}")
+    check = subprocess.run([python, "-c", "import ctranslate2; assert not hasattr(ctranslate2.models.Whisper, 'forward_batch')"],
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        raise RuntimeError(f"{path} does not hold a stock ctranslate2:\n{check.stderr.strip()}")
+    with open(marker, "w", encoding="utf-8") as stream:
+        json.dump({"requirements": list(STOCK_REQUIREMENTS)}, stream)
+    return python
+
+
+class StockWorker:
+    """A stock faster-whisper model living in another process.
+
+    Args:
+        python: the stock environment's interpreter.
+        model_path, compute_type, threads: as for ``WhisperModel``.
+    """
+
+    def __init__(self, python: str, model_path: str, compute_type: str, threads: int) -> None:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_worker.py")
+        self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._scratch = tempfile.TemporaryDirectory(prefix="ct2_flash_stock_")
+        self._files: dict = {}
+        self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads})["ctranslate2"]
+
+    def _ask(self, request: dict) -> dict:
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        line = self._process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the stock worker exited (code {self._process.poll()})")
+        return json.loads(line)
+
+    def measure(self, key: str, audio: np.ndarray, seed: int, **options) -> Measurement:
+        """Transcribe ``audio`` there (sent once per ``key`` as a .npy file) and time it there."""
+        if key not in self._files:
+            self._files[key] = os.path.join(self._scratch.name, f"{len(self._files)}.npy")
+            np.save(self._files[key], audio)
+        answer = self._ask({"audio": self._files[key], "options": options, "seed": seed})
+        return Measurement(text=answer["text"], tokens=answer["tokens"], segments=[], whole_seconds=answer["whole"],
+                           encode_seconds=answer["encode"], decode_seconds=answer["decode"])
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            self._process.wait(timeout=30)
+        self._scratch.cleanup()
+
+    def __enter__(self) -> "StockWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+
