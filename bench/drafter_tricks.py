@@ -7,6 +7,9 @@ per target call, first-position acceptance, drafter ms per round, verification m
 and the decode-part speedup (ratio of summed generate() times).
 
     python bench/drafter_tricks.py --drafter DIR --manifest TSV [--compute-type int8] [--limit 12]
+
+With ``--checkpoint NAME=DIR`` (repeatable) it compares checkpoints instead of tricks, each
+at the default settings: the ablations of the paper's Table 3.
 """
 
 from __future__ import annotations
@@ -31,28 +34,35 @@ def main() -> None:
     from ct2_flash.measure import measure
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--drafter", help="checkpoint whose tricks are compared")
+    parser.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR, compared at default settings")
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "drafter_tricks.json"))
     args = parser.parse_args()
-    torch.set_num_threads(args.torch_threads)
 
     path = resolve_model("tiny.en")
-    model = load_checkpoint(args.drafter, path)
-    variants = {
-        "float32, full vocabulary": dict(dtype=torch.float32, use_shortlist=False),
-        "float32, shortlist": dict(dtype=torch.float32),
-        "bfloat16, shortlist": dict(dtype=torch.bfloat16),
-        "bfloat16, shortlist, confidence >= 0.1": dict(dtype=torch.bfloat16, min_confidence=0.1),
-        "bfloat16, shortlist, confidence >= 0.3": dict(dtype=torch.bfloat16, min_confidence=0.3),
-    }
+    if args.checkpoint:
+        pairs = [item.split("=", 1) for item in args.checkpoint]
+        drafters = {name: FlashDrafter(load_checkpoint(directory, path)) for name, directory in pairs}
+    elif args.drafter:
+        model = load_checkpoint(args.drafter, path)
+        variants = {
+            "float32, full vocabulary": dict(dtype=torch.float32, use_shortlist=False),
+            "float32, shortlist": dict(dtype=torch.float32),
+            "bfloat16, shortlist, 2 torch threads": dict(dtype=torch.bfloat16, threads=2),
+            "bfloat16, shortlist": dict(dtype=torch.bfloat16),
+            "bfloat16, shortlist, confidence >= 0.1": dict(dtype=torch.bfloat16, min_confidence=0.1),
+            "bfloat16, shortlist, confidence >= 0.3": dict(dtype=torch.bfloat16, min_confidence=0.3),
+        }
+        drafters = {name: FlashDrafter(model, **options) for name, options in variants.items()}
+    else:
+        parser.error("give --drafter or --checkpoint")
     baseline = WhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads)
-    flash = FlashWhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads, drafter=args.drafter)
-    drafters = {name: FlashDrafter(model, **options) for name, options in variants.items()}
+    flash = FlashWhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads,
+                              drafter=next(iter(drafters.values())))
     utterances = read_manifest(args.manifest)[: args.limit]
     audio = load_audio(utterances)
     options = dict(beam_size=1)
@@ -99,8 +109,8 @@ def main() -> None:
             "decode_speedup": baseline_decode / total["decode"],
             "identical": f"{total['identical']}/{len(utterances)}",
         }
-    document = {"drafter": args.drafter, "manifest": args.manifest, "clips": len(utterances),
-                "compute_type": args.compute_type, "threads": args.threads, "torch_threads": args.torch_threads,
+    document = {"drafter": args.drafter, "checkpoints": args.checkpoint, "manifest": args.manifest, "clips": len(utterances),
+                "compute_type": args.compute_type, "threads": args.threads,
                 "baseline_decode_seconds": baseline_decode, "wall_seconds": time.time() - started, "variants": report}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as stream:

@@ -12,12 +12,13 @@ the target kept and are cut back to the target's cache length after each round.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import math
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -75,10 +76,18 @@ def check_target(config: DrafterConfig, target: TargetIdentity) -> None:
         )
 
 
-def save_checkpoint(model: FlashDrafterModel, directory: str) -> None:
-    """Write ``drafter.safetensors`` and ``drafter.json`` into ``directory``."""
+def save_checkpoint(model: FlashDrafterModel, directory: str, dtype: Optional[torch.dtype] = None) -> None:
+    """Write ``drafter.safetensors`` and ``drafter.json`` into ``directory``.
+
+    ``dtype`` (e.g. float16) stores floating-point weights smaller; loading casts them back
+    to float32.
+    """
     os.makedirs(directory, exist_ok=True)
-    weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items() if name not in _TARGET_BUFFERS}
+    weights = {
+        name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor).contiguous()
+        for name, tensor in model.state_dict().items()
+        if name not in _TARGET_BUFFERS
+    }
     save_file(weights, os.path.join(directory, WEIGHTS_FILE))
     with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as stream:
         json.dump(model.config.to_json_dict(), stream, indent=2)
@@ -147,14 +156,20 @@ class FlashDrafter(Drafter):
             verified token costs ~0.05 of a decoder step; an unlikely one rarely pays.
         use_shortlist: score only the checkpoint's draft-head shortlist (False scores the
             whole vocabulary: slower, and only there to measure what the shortlist costs).
+        threads: torch threads during the drafter's calls (restored afterwards). One is
+            fastest next to CTranslate2's own threads: a round is too small to split, and a
+            second torch pool competes with CTranslate2's for the same cores.
     """
 
     needs_states = True
 
     def __init__(self, model: FlashDrafterModel, dtype: Optional[torch.dtype] = None, min_confidence: float = 0.0,
-                 use_shortlist: bool = True) -> None:
+                 use_shortlist: bool = True, threads: int = 1) -> None:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        self.threads = threads
         dtype = dtype or default_inference_dtype()
         source_dtype = model.mask_embedding.dtype
         self.model = (model if dtype == source_dtype else copy.deepcopy(model).to(dtype)).eval()
@@ -173,11 +188,20 @@ class FlashDrafter(Drafter):
         self._history_start = 0  # text position of history index 0
         self._cache_length = 0  # the target's cache length = the next anchor's position
 
+    @contextlib.contextmanager
+    def _torch_threads(self) -> Iterator[None]:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(self.dtype)
 
     def begin(self, window: DraftWindow) -> None:
-        with torch.inference_mode():
+        with self._torch_threads(), torch.inference_mode():
             self._cross_kv = self.model.cross_kv(self._tensor(window.encoder_output)[None])
             config = self.model.config
             empty = torch.zeros(1, 0, config.num_heads, config.d_model // config.num_heads, dtype=self.dtype)
@@ -192,7 +216,7 @@ class FlashDrafter(Drafter):
             return
         keep = cache_length - len(states) - self._history_start
         self._cache_length = cache_length
-        with torch.inference_mode():
+        with self._torch_threads(), torch.inference_mode():
             positions = torch.arange(cache_length - len(states), cache_length)[None]
             projected = self.model.project_history(self._tensor(states)[None])
             new = self.model.history_kv(projected, positions)
@@ -205,7 +229,7 @@ class FlashDrafter(Drafter):
                 self._history_kv = new
 
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
-        with torch.inference_mode():
+        with self._torch_threads(), torch.inference_mode():
             anchors = torch.tensor([[int(generated[-1])]])
             x, positions = self.model.embed_blocks(anchors, torch.tensor([[self._cache_length]]))
             states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._cross_kv)

@@ -1,8 +1,8 @@
 """Greedy identity: FlashWhisperModel gives plain faster-whisper's segments, token for token.
 
 float32, timestamps on and off, condition_on_previous_text on (faster-whisper's default): an
-oracle drafter with injected errors, a random drafter, the built-in drafter, and K in
-{1, 4, 8}. Every clip (14 of 2-25 s and one of 94 s) must match exactly.
+oracle drafter with injected errors, a random drafter, the model's default drafter (the
+trained Whisper-Flash drafter shipped for tiny.en), and K in {1, 4, 8}. Every clip (14 of 2-25 s and one of 94 s) must match exactly.
 
 int8: a verified row is not the same computation as a single step (CTranslate2's int8 path
 rounds activations, so tiny float differences of a batched pass can move a value across a
@@ -13,11 +13,14 @@ at a position where the target itself is ambiguous (margin under INT8_MAX_SHIFT)
 at a confident position would be a bug, not rounding.
 """
 
+import os
+
 import pytest
 
 from ct2_flash.drafting import GreedyOptions
 from ct2_flash.exactness import compare_window
 from ct2_flash.testing import OracleDrafter, RandomDrafter
+from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
 from .conftest import segments_of
 
@@ -42,8 +45,10 @@ CASES = [
     ("random", 8, False),
     ("oracle", 1, True),
     ("oracle", 4, True),
-    ("builtin", 8, True),
+    ("default", 8, True),
+    ("default", 8, False),
 ]
+SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
 
 
 @pytest.mark.parametrize("kind, k, timestamps", CASES, ids=[f"{d}-K{k}-{'ts' if t else 'nots'}" for d, k, t in CASES])
@@ -53,7 +58,9 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
     flash = pair.flash
     decoder = flash.model.decoder
     saved = (decoder.drafter, decoder.num_draft_tokens)
-    if kind != "builtin":
+    if kind == "default":
+        assert type(decoder.drafter).__name__ == ("FlashDrafter" if SHIPPED else "PromptLookupDrafter")
+    else:
         decoder.drafter = drafter_for(kind, pair)
     decoder.num_draft_tokens = k
     flash.reset_spec_stats()
@@ -70,7 +77,7 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
     assert not mismatches, f"{pair.compute_type}: {len(mismatches)} clip(s) differ: {mismatches[0]}"
     stats = flash.spec_stats
     assert stats.fallback_calls == 0
-    if kind != "builtin":
+    if kind != "default" or SHIPPED:
         assert stats.proposed > 0
     if kind == "oracle":
         # 25% injected errors: the first draft position is accepted most of the time.

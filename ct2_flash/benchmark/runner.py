@@ -122,7 +122,8 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             for utterance in utterances[1:]:
                 measure(flash, audio[utterance.path], **options)
 
-        runs: Dict[str, Dict[str, list]] = {u.path: {name: [] for name in [*systems, "stats"]} for u in utterances}
+        # Per utterance index (a manifest may list one file twice), per system: measurements.
+        runs: List[Dict[str, list]] = [{name: [] for name in [*systems, "stats"]} for _ in utterances]
         names = list(systems)
         bar = tqdm(total=config.repeats * len(utterances), desc=f"{compute_type}, {threads} thread(s)", disable=not progress)
         for repeat in range(config.repeats):
@@ -135,15 +136,15 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
                     ctranslate2.set_random_seed(repeat)
                     if name == "flash":
                         flash.reset_spec_stats()
-                    runs[utterance.path][name].append(systems[name](utterance.path, samples, repeat))
+                    runs[index][name].append(systems[name](utterance.path, samples, repeat))
                     if name == "flash":
-                        runs[utterance.path]["stats"].append(dataclasses.replace(flash.spec_stats))
+                        runs[index]["stats"].append(dataclasses.replace(flash.spec_stats))
                 bar.update(1)
         bar.close()
     finally:
         if stock is not None:
             stock.close()
-    rows = [_utterance_row(u, audio[u.path], runs[u.path]) for u in utterances]
+    rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
     return {"compute_type": compute_type, "threads": threads, "drafter": type(flash.drafter).__name__,
             "stock_ctranslate2": stock.version if stock is not None else None,
             "summary": summarise(rows), "utterances": rows}
@@ -171,19 +172,19 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         first = audio[utterances[0].path]
         measure(baseline, first, **options)
         measure(flash, first, **options)
-        runs = {u.path: {"baseline": [], "flash": []} for u in utterances}
+        runs: List[Dict[str, list]] = [{"baseline": [], "flash": []} for _ in utterances]
         bar = tqdm(total=config.repeats * len(utterances), desc=f"batch {batch_size}", disable=not progress)
         for repeat in range(config.repeats):
             for index, utterance in enumerate(utterances):
                 order = (("baseline", baseline), ("flash", flash))
                 for name, pipeline in order if (repeat + index) % 2 == 0 else order[::-1]:
                     ctranslate2.set_random_seed(repeat)
-                    runs[utterance.path][name].append(measure(pipeline, audio[utterance.path], **options))
+                    runs[index][name].append(measure(pipeline, audio[utterance.path], **options))
                 bar.update(1)
         bar.close()
         rows = []
-        for utterance in utterances:
-            base, got = runs[utterance.path]["baseline"], runs[utterance.path]["flash"]
+        for index, utterance in enumerate(utterances):
+            base, got = runs[index]["baseline"], runs[index]["flash"]
             rows.append({
                 "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
                 "identical": all(b.tokens == f.tokens for b, f in zip(base, got)),
