@@ -23,7 +23,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    import torch
     from faster_whisper import WhisperModel
     from tqdm import tqdm
 
@@ -47,16 +46,20 @@ def main() -> None:
     if args.checkpoint:
         pairs = [item.split("=", 1) for item in args.checkpoint]
         drafters = {name: FlashDrafter(load_checkpoint(directory, path)) for name, directory in pairs}
+        adaptive = set()
     elif args.drafter:
         model = load_checkpoint(args.drafter, path)
         variants = {
-            "float32, full vocabulary": dict(dtype=torch.float32, use_shortlist=False),
-            "float32, shortlist": dict(dtype=torch.float32),
-            "bfloat16, shortlist, 2 torch threads": dict(dtype=torch.bfloat16, threads=2),
-            "bfloat16, shortlist": dict(dtype=torch.bfloat16),
-            "bfloat16, shortlist, confidence >= 0.1": dict(dtype=torch.bfloat16, min_confidence=0.1),
-            "bfloat16, shortlist, confidence >= 0.3": dict(dtype=torch.bfloat16, min_confidence=0.3),
+            "float32, full vocabulary": dict(precision="float32", use_shortlist=False),
+            "float32, shortlist": dict(precision="float32"),
+            "bfloat16, shortlist": dict(precision="bfloat16"),
+            "int8 weights, shortlist, 2 torch threads": dict(precision="int8", threads=2),
+            "int8 weights, shortlist": dict(precision="int8"),
+            "int8 weights, shortlist, confidence >= 0.1": dict(precision="int8", min_confidence=0.1),
+            "int8 weights, shortlist, confidence >= 0.3": dict(precision="int8", min_confidence=0.3),
+            "int8 weights, shortlist, governor (the default)": dict(precision="int8", adaptive=True),
         }
+        adaptive = {name for name, options in variants.items() if options.pop("adaptive", False)}
         drafters = {name: FlashDrafter(model, **options) for name, options in variants.items()}
     else:
         parser.error("give --drafter or --checkpoint")
@@ -68,8 +71,8 @@ def main() -> None:
     options = dict(beam_size=1)
     first = audio[utterances[0].path]
     measure(baseline, first, **options)
-    for drafter in drafters.values():
-        flash.model.decoder.drafter = drafter
+    for name, drafter in drafters.items():
+        flash.model.decoder.drafter, flash.model.decoder.adaptive = drafter, name in adaptive
         measure(flash, first, **options)
 
     totals = {name: {"decode": 0.0, "drafter": 0.0, "verify": 0.0, "rounds": 0, "calls": 0, "emitted": 0,
@@ -82,7 +85,8 @@ def main() -> None:
         reference = measure(baseline, samples, **options)
         baseline_decode += reference.decode_seconds
         for name, drafter in drafters.items():
-            flash.model.decoder.drafter = drafter
+            # Every round drafts, except in the variant that shows the governor.
+            flash.model.decoder.drafter, flash.model.decoder.adaptive = drafter, name in adaptive
             flash.reset_spec_stats()
             got = measure(flash, samples, **options)
             stats, total = flash.spec_stats, totals[name]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, List, Sequence
 
 import numpy as np
@@ -53,15 +53,19 @@ class SpeculativeDecoder:
         drafter: the drafter (checked against the target's vocabulary by the caller).
         num_draft_tokens: K, the most tokens proposed per round (>= 1).
         stats: counters to update.
+        adaptive: stop drafting in a window once the ``DraftGovernor`` finds it slower than
+            plain steps (timing-dependent, so off by default; the model adapter turns it on).
     """
 
-    def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats):
+    def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
+                 adaptive: bool = False):
         if num_draft_tokens < 1:
             raise ValueError("num_draft_tokens must be >= 1")
         self.runtime = runtime
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
         self.stats = stats
+        self.adaptive = adaptive
 
     def rules_for(self, prompt: Sequence[int], options: GreedyOptions) -> LogitRules:
         """The logit processor chain CTranslate2 builds for this prompt and these options."""
@@ -138,8 +142,10 @@ class SpeculativeDecoder:
         """One propose -> verify -> accept -> roll back -> emit round."""
         stats = self.stats
         cache_length = sequence.length
+        round_started = time.perf_counter()
+        spent_before = (stats.drafter_seconds, stats.verify_seconds)
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
-        num_tokens = min(self.num_draft_tokens, state.steps_left - 1)
+        num_tokens = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
         drafts: Sequence[int] = ()
         if num_tokens > 0:
             with _timed(stats, "drafter_seconds"):
@@ -149,17 +155,60 @@ class SpeculativeDecoder:
         with _timed(stats, "verify_seconds"):
             logits = sequence.verify([state.generated[-1], *drafts])  # [1 + n, vocab]
         stats.target_calls += 1
+        emitted_before = len(state.generated)
         outcome = state.emit(drafts, logits, stats)
         stats.record_round(len(drafts), outcome.accepted)
 
         kept = cache_length + 1 + outcome.accepted
         sequence.rollback(kept)
-        if not state.finished:
+        if not state.finished and state.drafting:
             with _timed(stats, "drafter_seconds"):
                 states = None
                 if self.drafter.needs_states:
                     states = self.runtime.decoder_states(logits[: 1 + outcome.accepted])
                 self.drafter.advance(states, kept)
+            state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
+                                  stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])
+            if self.adaptive and not state.governor.pays():
+                state.drafting = False  # plain steps for the rest of this window
+                stats.windows_drafting_stopped += 1
+
+
+# A single-token decoder step costs about this fraction of a 9-token verification on CPU
+# (DESIGN.md: forward_step / forward_batch(T=9) = 6.1 / 11.0 at int8, 7.7 / 14.8 at float32).
+STEP_OVER_VERIFY = 0.55
+
+
+@dataclass
+class DraftGovernor:
+    """Decides whether drafting pays in the current window.
+
+    After ``min_rounds`` drafting rounds it compares their measured time per emitted token
+    (drafter + verification + bookkeeping) with what a plain step would cost: the mean
+    round's verification scaled by ``STEP_OVER_VERIFY``, plus the same bookkeeping. Drafting
+    that does not pay is stopped for the rest of the window; the output is the same either way.
+    """
+
+    min_rounds: int = 3
+    rounds: int = 0
+    emitted: int = 0
+    round_seconds: float = 0.0
+    drafter_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    def record(self, emitted: int, round_seconds: float, drafter_seconds: float, verify_seconds: float) -> None:
+        self.rounds += 1
+        self.emitted += emitted
+        self.round_seconds += round_seconds
+        self.drafter_seconds += drafter_seconds
+        self.verify_seconds += verify_seconds
+
+    def pays(self) -> bool:
+        if self.rounds < self.min_rounds:
+            return True
+        bookkeeping = self.round_seconds - self.drafter_seconds - self.verify_seconds
+        plain_step = (STEP_OVER_VERIFY * self.verify_seconds + bookkeeping) / self.rounds
+        return self.round_seconds / self.emitted <= plain_step
 
 
 @dataclass
@@ -171,6 +220,8 @@ class _Decoding:
     steps_left: int = 0
     log_prob_sum: float = 0.0
     sampled: bool = False
+    drafting: bool = True
+    governor: DraftGovernor = field(default_factory=DraftGovernor)
 
     @property
     def finished(self) -> bool:

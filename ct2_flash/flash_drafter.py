@@ -131,26 +131,47 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
     return model
 
 
-def default_inference_dtype() -> torch.dtype:
-    """bfloat16 where the CPU has native bfloat16 dot products, else float32.
+PRECISIONS = ("int8", "bfloat16", "float32")
 
-    A draft round is a handful of matrix-vector products over ~25 MB of weights and encoder
-    keys/values, so it is bound by memory traffic; bfloat16 halves it. Without native support
-    (avx512_bf16 / AMX) bfloat16 matmuls are emulated and slower than float32.
+
+def default_precision() -> str:
+    """"int8" where torch has a quantized CPU engine (x86 fbgemm, ARM qnnpack), else float32.
+
+    A draft round multiplies ~9 rows by ~15 MB of weights, so it is bound by memory traffic,
+    not arithmetic: int8 weights (with float32 activations) cut the linears and the draft head
+    to about a third of their float32 time. bfloat16 helps less (its attention kernels copy).
     """
-    is_supported = getattr(torch.cpu, "_is_avx512_bf16_supported", None)  # private, hence guarded
-    return torch.bfloat16 if is_supported is not None and is_supported() else torch.float32
+    engines = set(torch.backends.quantized.supported_engines) - {"none"}
+    return "int8" if engines else "float32"
+
+
+def _quantized_copy(model: FlashDrafterModel, head_weight: torch.Tensor) -> Tuple[FlashDrafterModel, torch.nn.Module]:
+    """A copy of ``model`` whose linears hold int8 weights, and the draft head likewise.
+
+    Uses torch's dynamic quantisation (weights int8 per tensor, activations quantised per
+    call); deprecated in favour of torchao but present and tested in the pinned torch 2.13.
+    """
+    import warnings
+
+    head = torch.nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
+    head.weight.data = head_weight.float().contiguous()
+    quantized = copy.deepcopy(model).float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation notice, once per load
+        torch.ao.quantization.quantize_dynamic(quantized, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        head = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(head), {torch.nn.Linear}, dtype=torch.qint8)
+    return quantized.eval(), head.eval()
 
 
 class FlashDrafter(Drafter):
     """Drafts with a ``FlashDrafterModel``; caches encoder and history keys/values.
 
     Args:
-        model: the network (its config's target must match the loaded target). It is not
-            modified: a copy is cast when ``dtype`` differs from its own.
-        dtype: precision of the draft rounds (default: ``default_inference_dtype()``).
-            Proposals are only suggestions, so precision changes speed and acceptance,
-            never the output.
+        model: the network (its config's target must match the loaded target). It is never
+            modified: other precisions work on a copy.
+        precision: "int8" (int8 weights, float32 activations), "bfloat16" or "float32";
+            default ``default_precision()``. Proposals are only suggestions, so precision
+            changes speed and acceptance, never the output.
         min_confidence: stop the proposal at the first position where the product of the
             drafter's probabilities so far falls below this (0 proposes all K). Each extra
             verified token costs ~0.05 of a decoder step; an unlikely one rarely pays.
@@ -163,25 +184,33 @@ class FlashDrafter(Drafter):
 
     needs_states = True
 
-    def __init__(self, model: FlashDrafterModel, dtype: Optional[torch.dtype] = None, min_confidence: float = 0.0,
+    def __init__(self, model: FlashDrafterModel, precision: Optional[str] = None, min_confidence: float = 0.0,
                  use_shortlist: bool = True, threads: int = 1) -> None:
+        precision = precision or default_precision()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         if threads < 1:
             raise ValueError("threads must be >= 1")
         self.threads = threads
-        dtype = dtype or default_inference_dtype()
-        source_dtype = model.mask_embedding.dtype
-        self.model = (model if dtype == source_dtype else copy.deepcopy(model).to(dtype)).eval()
-        self.dtype = dtype
+        self.precision = precision
+        self.dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32  # activations
         self.min_confidence = min_confidence
         # Without history (an ablation) the target's states are not worth recovering.
         self.needs_states = model.config.use_history
         self.vocab_size = model.config.target.vocab_size
         self.num_draft_tokens = model.config.num_draft_tokens
+        self._vocabulary = model.shortlist if use_shortlist else torch.arange(self.vocab_size)
         # The (shortlisted) output head, gathered once: per round it is the largest matmul.
-        self._vocabulary = self.model.shortlist if use_shortlist else torch.arange(self.vocab_size)
-        self._head = self.model.token_embedding[self._vocabulary].T.contiguous()  # [d, shortlist]
+        head_weight = model.token_embedding[self._vocabulary]  # [shortlist, d]
+        if precision == "int8":
+            self.model, self._head = _quantized_copy(model, head_weight)
+        else:
+            same = model.mask_embedding.dtype == self.dtype
+            self.model = (model if same else copy.deepcopy(model).to(self.dtype)).eval()
+            weight = head_weight.to(self.dtype).T.contiguous()  # [d, shortlist]
+            self._head = lambda states: states @ weight
         self._cross_kv = None
         self._empty_history: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_kv: List[Tuple[torch.Tensor, torch.Tensor]] = []
@@ -233,7 +262,7 @@ class FlashDrafter(Drafter):
             anchors = torch.tensor([[int(generated[-1])]])
             x, positions = self.model.embed_blocks(anchors, torch.tensor([[self._cache_length]]))
             states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._cross_kv)
-            logits = (states[0, 1 : 1 + num_tokens] @ self._head).float()  # mask positions
+            logits = self._head(states[0, 1 : 1 + num_tokens]).float()  # mask positions: [n, shortlist]
             best, index = logits.max(-1)
             tokens = self._vocabulary[index].tolist()
             if self.min_confidence > 0.0:

@@ -162,9 +162,12 @@ class DrafterLayer(nn.Module):
         return rotate(self._heads(k), positions, self.rope_base), self._heads(v)
 
     def cross_kv_of(self, encoder_output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """[B, F, d] encoder output -> keys, values [B, F, heads, head_dim] (once per window)."""
+        """[B, F, d] encoder output -> keys, values [B, heads, F, head_dim] (once per window).
+
+        Head-major and contiguous, so every round's attention reads them without a copy.
+        """
         k, v = self.cross_kv(encoder_output).chunk(2, dim=-1)
-        return self._heads(k), self._heads(v)
+        return self._heads(k).transpose(1, 2).contiguous(), self._heads(v).transpose(1, 2).contiguous()
 
     def forward(
         self,
@@ -179,7 +182,7 @@ class DrafterLayer(nn.Module):
             x: [B, S, d] block tokens (one or several packed blocks).
             positions: [B, S] their text positions.
             history_kv: keys, values [B, T, heads, head_dim] of the history.
-            cross_kv: keys, values [B, F, heads, head_dim] of the encoder output, or None
+            cross_kv: keys, values [B, heads, F, head_dim] of the encoder output, or None
                 to skip cross-attention (the no-audio ablation).
             mask: [B, S, T + S] boolean, True = may attend; None = everything visible.
         Returns:
@@ -195,7 +198,7 @@ class DrafterLayer(nn.Module):
         x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
         if cross_kv is not None:
             q = self._heads(self.cross_q(self.cross_norm(x)))
-            attended = _attend(q.transpose(1, 2), cross_kv[0].transpose(1, 2), cross_kv[1].transpose(1, 2))
+            attended = _attend(q.transpose(1, 2), cross_kv[0], cross_kv[1])
             x = x + self.cross_out(attended.transpose(1, 2).flatten(-2))
         return x + self.fc2(F.gelu(self.fc1(self.ffn_norm(x))))
 

@@ -20,6 +20,7 @@ class SpecStats:
         proposed_by_position: [K] how often a draft at position j was proposed.
         encoder_seconds / drafter_seconds / verify_seconds / other_seconds: wall time split.
         generate_calls: speculative ``generate()`` rows decoded.
+        windows_drafting_stopped: rows in which drafting did not pay and was stopped.
         fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged.
     """
 
@@ -35,6 +36,7 @@ class SpecStats:
     verify_seconds: float = 0.0
     other_seconds: float = 0.0
     generate_calls: int = 0
+    windows_drafting_stopped: int = 0
     fallback_calls: int = 0
 
     @property

@@ -147,6 +147,8 @@ class FlashWhisperModel(WhisperModel):
             for this model if there is one (``ct2_flash/drafters/<name>/``), otherwise
             ``PromptLookupDrafter``, a zero-cost built-in that only helps on repeated phrases.
         num_draft_tokens: K, the most tokens proposed per verification (default 8).
+        adaptive: stop drafting in a window when it measures slower than plain steps (the
+            tokens are the same either way; see ``decoding.DraftGovernor``).
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class FlashWhisperModel(WhisperModel):
         *args,
         drafter: Union[Drafter, str, None] = None,
         num_draft_tokens: int = 8,
+        adaptive: bool = True,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -176,7 +179,7 @@ class FlashWhisperModel(WhisperModel):
             suppress_ids=config.get("suppress_ids", ()),
             suppress_ids_begin=config.get("suppress_ids_begin", ()),
         )
-        decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats())
+        decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
 
     def encode_window(self, audio: np.ndarray):

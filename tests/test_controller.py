@@ -167,3 +167,23 @@ def test_cache_always_one_behind_the_text():
     assert result.tokens == SCRIPT[:-1]
     for (cache_length, fed), (generated_length, _) in zip(sequence.verify_log, drafter.requests):
         assert cache_length == len(PROMPT) + generated_length - 1
+
+
+def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
+    from ct2_flash.decoding import STEP_OVER_VERIFY, DraftGovernor
+
+    # Rounds of 10 ms verification, 1 ms bookkeeping: a plain step would cost 0.55 * 10 + 1 ms.
+    plain = STEP_OVER_VERIFY * 0.010 + 0.001
+    cases = [
+        # (drafter seconds per round, tokens per round, rounds, pays)
+        (0.005, 4, 3, True),  # 16 ms for 4 tokens beats 6.5 ms per token
+        (0.005, 2, 3, False),  # 8 ms per token
+        (0.005, 1, 2, True),  # too early to judge
+        (0.000, 2, 5, True),  # a free drafter with 2 tokens per round
+    ]
+    for drafter_seconds, tokens, rounds, pays in cases:
+        governor = DraftGovernor(min_rounds=3)
+        for _ in range(rounds):
+            governor.record(tokens, drafter_seconds + 0.011, drafter_seconds, 0.010)
+        assert governor.pays() is pays, (drafter_seconds, tokens, rounds)
+        assert (governor.round_seconds / governor.emitted <= plain) is pays or rounds < 3

@@ -19,7 +19,7 @@ import pytest
 
 from ct2_flash.drafting import GreedyOptions
 from ct2_flash.exactness import compare_window
-from ct2_flash.testing import OracleDrafter, RandomDrafter
+from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
 from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
 from .conftest import segments_of
@@ -47,6 +47,7 @@ CASES = [
     ("oracle", 4, True),
     ("default", 8, True),
     ("default", 8, False),
+    ("default-adaptive", 8, True),  # as users run it: drafting may stop where it does not pay
 ]
 SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
 
@@ -57,11 +58,13 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
         pytest.skip("int8 with timestamps is checked per window by test_int8_timestamp_differences_are_ambiguous")
     flash = pair.flash
     decoder = flash.model.decoder
-    saved = (decoder.drafter, decoder.num_draft_tokens)
-    if kind == "default":
+    saved = (decoder.drafter, decoder.num_draft_tokens, decoder.adaptive)
+    if kind.startswith("default"):
         assert type(decoder.drafter).__name__ == ("FlashDrafter" if SHIPPED else "PromptLookupDrafter")
     else:
         decoder.drafter = drafter_for(kind, pair)
+    # Draft every round, the point being to stress the loop, except in the users' setting.
+    decoder.adaptive = kind == "default-adaptive"
     decoder.num_draft_tokens = k
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)
@@ -73,11 +76,11 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
             if got != expected:
                 mismatches.append((name, expected, got))
     finally:
-        decoder.drafter, decoder.num_draft_tokens = saved
+        decoder.drafter, decoder.num_draft_tokens, decoder.adaptive = saved
     assert not mismatches, f"{pair.compute_type}: {len(mismatches)} clip(s) differ: {mismatches[0]}"
     stats = flash.spec_stats
     assert stats.fallback_calls == 0
-    if kind != "default" or SHIPPED:
+    if not kind.startswith("default") or SHIPPED:
         assert stats.proposed > 0
     if kind == "oracle":
         # 25% injected errors: the first draft position is accepted most of the time.
@@ -92,10 +95,8 @@ def test_int8_timestamp_differences_are_ambiguous(model_path, clips):
     _PAIRS["int8"] = pair
     flash = pair.flash
     decoder = flash.model.decoder
-    saved = decoder.drafter
-    decoder.drafter = OracleDrafter(flash.model._model, error_rate=0.25, seed=1)
     comparisons = []
-    try:
+    with using_drafter(decoder, OracleDrafter(flash.model._model, error_rate=0.25, seed=1)):
         for name, audio in clips.items():
             encoder_output = flash.encode_window(audio)
             previous = flash.hf_tokenizer.encode(
@@ -103,8 +104,6 @@ def test_int8_timestamp_differences_are_ambiguous(model_path, clips):
             ).ids
             for prompt in ([50257], [50360, *previous, 50257]):  # plain; with previous text
                 comparisons.append((name, compare_window(decoder, encoder_output, prompt, GreedyOptions())))
-    finally:
-        decoder.drafter = saved
     differences = [(name, c.first_difference, c.reference_margin) for name, c in comparisons if not c.identical]
     print(f"int8 timestamps: {len(comparisons) - len(differences)}/{len(comparisons)} windows identical; "
           f"differences (clip, index, target's top-2 margin): {differences}")

@@ -18,6 +18,7 @@ from ct2_flash.flash_drafter import (  # noqa: E402
     target_identity,
 )
 from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel, TargetIdentity, block_attention_mask  # noqa: E402
+from ct2_flash.testing import using_drafter  # noqa: E402
 
 from .conftest import segments_of  # noqa: E402
 
@@ -111,18 +112,20 @@ def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
         expected = model.logits(model.forward_blocks(x, positions, cached, model.cross_kv(torch.from_numpy(window.encoder_output)[None])))
     expected_tokens = tuple(expected[0, 1:].argmax(-1).tolist())
     proposals = {}
-    for dtype, confidence in ((torch.float32, 0.0), (torch.bfloat16, 0.0), (torch.float32, 0.999)):
-        drafter = FlashDrafter(model, dtype=dtype, min_confidence=confidence)
+    for precision, confidence in (("float32", 0.0), ("bfloat16", 0.0), ("int8", 0.0), ("float32", 0.999)):
+        drafter = FlashDrafter(model, precision=precision, min_confidence=confidence)
         drafter.begin(window)
         drafter.advance(states[:1], 2)  # the controller's order: prefill state, then rounds
         drafter.advance(states[1:], 5)
-        proposals[dtype, confidence] = drafter.propose([5, 6, 7], k).tokens
-    assert proposals[torch.float32, 0.0] == expected_tokens
-    assert len(proposals[torch.bfloat16, 0.0]) == k  # a cast copy; the float32 model is untouched
+        proposals[precision, confidence] = drafter.propose([5, 6, 7], k).tokens
+    assert proposals["float32", 0.0] == expected_tokens
+    for precision in ("bfloat16", "int8"):  # copies at other precisions; the model is untouched
+        assert len(proposals[precision, 0.0]) == k and all(0 <= t < 50 for t in proposals[precision, 0.0])
     assert model.mask_embedding.dtype == torch.float32
+    assert type(model.layers[0].qkv) is torch.nn.Linear
     # A random 50-token model is never 99.9% sure: the confident prefix is shorter.
-    assert len(proposals[torch.float32, 0.999]) < k
-    assert proposals[torch.float32, 0.999] == expected_tokens[: len(proposals[torch.float32, 0.999])]
+    assert len(proposals["float32", 0.999]) < k
+    assert proposals["float32", 0.999] == expected_tokens[: len(proposals["float32", 0.999])]
 
 
 @pytest.mark.parametrize("switch", ["use_audio", "use_history"])
@@ -147,7 +150,7 @@ def test_ablations_remove_exactly_one_input(switch):
     new_audio, new_history = run(history, torch.randn(1, 7, 16)), run(torch.randn(1, 6, 16), encoder)
     assert torch.equal(base, new_audio) == (switch == "use_audio")
     assert torch.equal(base, new_history) == (switch == "use_history")
-    assert FlashDrafter(model, dtype=torch.float32).needs_states == (switch == "use_audio")
+    assert FlashDrafter(model, precision="float32").needs_states == (switch == "use_audio")
     # Configs written before the switches existed load with both inputs on.
     old = model.config.to_json_dict()
     del old["use_audio"], old["use_history"]
@@ -199,16 +202,11 @@ def test_checkpoint_errors(model_path, real_drafter_dir, tmp_path):
 def test_untrained_drafter_is_exact(float32_pair, clips, real_drafter_dir):
     _, model = real_drafter_dir
     flash = float32_pair.flash
-    decoder = flash.model.decoder
-    saved = decoder.drafter
-    decoder.drafter = FlashDrafter(model)
-    flash.reset_spec_stats()
-    try:
+    with using_drafter(flash.model.decoder, FlashDrafter(model)):
+        flash.reset_spec_stats()
         for name in ("clip05_kal16.ogg", "clip10_awb.ogg"):
             expected = float32_pair.reference(name, clips[name], beam_size=1)
             assert segments_of(flash, clips[name], beam_size=1) == expected
-    finally:
-        decoder.drafter = saved
     assert flash.spec_stats.proposed > 0
 
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 from faster_whisper import BatchedInferencePipeline
 
-from ct2_flash.testing import OracleDrafter
+from ct2_flash.testing import OracleDrafter, using_drafter
 
 from .conftest import segments_of
 
@@ -15,12 +15,9 @@ from .conftest import segments_of
 def oracle_flash(float32_pair):
     """The float32 FlashWhisperModel with a perfect oracle drafter, restored afterwards."""
     flash = float32_pair.flash
-    decoder = flash.model.decoder
-    saved = decoder.drafter
-    decoder.drafter = OracleDrafter(flash.model._model)
-    flash.reset_spec_stats()
-    yield flash
-    decoder.drafter = saved
+    with using_drafter(flash.model.decoder, OracleDrafter(flash.model._model)):
+        flash.reset_spec_stats()
+        yield flash
 
 
 def words_of(model, audio, **options):

@@ -173,18 +173,15 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> 
     from ctranslate2 import StorageView
 
     from ..drafting import GreedyOptions
+    from ..testing import using_drafter
 
     model.eval()
-    saved = decoder.drafter
-    decoder.drafter = FlashDrafter(model)
     stats = decoder.stats
     stats.reset()
-    try:
+    with using_drafter(decoder, FlashDrafter(model)):  # every round drafts: no governor here
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
             decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions())
-    finally:
-        decoder.drafter = saved
     rounds = max(1, stats.draft_rounds)
     return {
         "mean_accepted_length": stats.accepted / rounds,
