@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 
 class UnknownModelError(ValueError):
@@ -56,6 +56,14 @@ def resolve_model(name_or_path: str) -> str:
         f"available offline ({names}). ct2-flash never downloads models; pass the directory "
         "of a CTranslate2 Whisper model instead."
     )
+
+
+def embedded_name(path: str) -> Optional[str]:
+    """The embedded model name whose directory ``path`` is, or None."""
+    for name in available_models():
+        if os.path.realpath(resolve_model(name)) == os.path.realpath(path):
+            return name
+    return None
 
 
 def _package_dir(package: str):

@@ -24,7 +24,7 @@ from faster_whisper import WhisperModel
 from .decoding import SpeculativeDecoder
 from .drafting import Drafter, GreedyOptions, PromptLookupDrafter
 from .logit_rules import SpecialTokens
-from .models import resolve_model
+from .models import embedded_name, resolve_model
 from .stats import SpecStats
 from .target import TargetRuntime
 
@@ -211,7 +211,8 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
     if isinstance(drafter, Drafter):
         return drafter
     if drafter is None:
-        shipped = os.path.join(SHIPPED_DRAFTERS, name)
+        # The embedded model's drafter also serves its directory given as a path.
+        shipped = os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or name)
         if not os.path.isfile(os.path.join(shipped, "drafter.json")):
             return PromptLookupDrafter()
         drafter = shipped
