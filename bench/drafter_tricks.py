@@ -45,19 +45,20 @@ def main() -> None:
     path = resolve_model("tiny.en")
     if args.checkpoint:
         pairs = [item.split("=", 1) for item in args.checkpoint]
-        drafters = {name: FlashDrafter(load_checkpoint(directory, path)) for name, directory in pairs}
+        # Full K every round, no governor: the networks are compared, not the policies.
+        drafters = {name: FlashDrafter(load_checkpoint(directory, path), min_confidence=0.0) for name, directory in pairs}
         adaptive = set()
     elif args.drafter:
         model = load_checkpoint(args.drafter, path)
         variants = {
-            "float32, full vocabulary": dict(precision="float32", use_shortlist=False),
-            "float32, shortlist": dict(precision="float32"),
-            "bfloat16, shortlist": dict(precision="bfloat16"),
-            "int8 weights, shortlist, 2 torch threads": dict(precision="int8", threads=2),
-            "int8 weights, shortlist": dict(precision="int8"),
+            "float32, full vocabulary": dict(precision="float32", use_shortlist=False, min_confidence=0.0),
+            "float32, shortlist": dict(precision="float32", min_confidence=0.0),
+            "bfloat16, shortlist": dict(precision="bfloat16", min_confidence=0.0),
+            "int8 weights, shortlist, 2 torch threads": dict(precision="int8", threads=2, min_confidence=0.0),
+            "int8 weights, shortlist": dict(precision="int8", min_confidence=0.0),
             "int8 weights, shortlist, confidence >= 0.1": dict(precision="int8", min_confidence=0.1),
             "int8 weights, shortlist, confidence >= 0.3": dict(precision="int8", min_confidence=0.3),
-            "int8 weights, shortlist, governor (the default)": dict(precision="int8", adaptive=True),
+            "int8 weights, shortlist, confidence >= 0.1, governor (the default)": dict(precision="int8", adaptive=True),
         }
         adaptive = {name for name, options in variants.items() if options.pop("adaptive", False)}
         drafters = {name: FlashDrafter(model, **options) for name, options in variants.items()}

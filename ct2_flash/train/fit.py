@@ -178,7 +178,8 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> 
     model.eval()
     stats = decoder.stats
     stats.reset()
-    with using_drafter(decoder, FlashDrafter(model)):  # every round drafts: no governor here
+    # Every round drafts all K (no governor, no confidence cut): the network is what is judged.
+    with using_drafter(decoder, FlashDrafter(model, min_confidence=0.0)):
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
             decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions())

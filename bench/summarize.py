@@ -1,0 +1,48 @@
+"""Markdown tables from ``ct2-flash bench`` JSON files (what the README shows).
+
+    python bench/summarize.py bench/results/real_speech/bench.json [...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _interval(entry: dict) -> str:
+    return f"{entry['speedup']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}]"
+
+
+def table(path: str) -> str:
+    with open(path, encoding="utf-8") as stream:
+        document = json.load(stream)
+    lines = [f"`{path}`", "",
+             "| setting | utt. | audio s | decode speedup [95% CI] | whole path | vs stock (decode / whole) "
+             "| identical | acceptance | first pos. | tokens/call | WER fw / flash |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for setting in document["settings"]:
+        summary = setting["summary"]
+        systems = summary["systems"]
+        stock = summary.get("speedup_vs_stock")
+        stock_text = f"{stock['decode']['speedup']:.2f}x / {stock['whole']['speedup']:.2f}x" if stock else "-"
+        wer = [systems[s]["wer"] for s in ("baseline", "flash")]
+        wer_text = " / ".join(f"{w:.1%}" if w is not None else "-" for w in wer)
+        identity = summary["token_identity"]
+
+        def rate(value):
+            return f"{value:.1%}" if value is not None else "-"
+
+        lines.append(
+            f"| {setting['compute_type']}, {setting['threads']} thr | {summary['utterances']} | {summary['audio_seconds']:.0f} "
+            f"| {_interval(summary['speedup']['decode'])} | {_interval(summary['speedup']['whole'])} | {stock_text} "
+            f"| {identity['identical']}/{identity['of']} | {rate(summary['acceptance_rate'])} "
+            f"| {rate(summary['first_position_acceptance'])} | {summary['tokens_per_target_call']:.2f} | {wer_text} |")
+        for section in setting.get("batched", []):
+            identity = section["token_identity"]
+            lines.append(f"| ↳ batched, batch {section['batch_size']} | | | {_interval(section['speedup']['decode'])} "
+                         f"| {_interval(section['speedup']['whole'])} | | {identity['identical']}/{identity['of']} | | | | |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(table(path) for path in sys.argv[1:]))
