@@ -160,3 +160,20 @@ def test_stock_worker_protocol(model_path, clips):
         again = worker.measure("clip00", audio, seed=0, beam_size=1)
     assert got.tokens == again.tokens == [list(s.tokens) for s in expected]
     assert 0 < got.decode_seconds < got.whole_seconds
+
+
+def test_summary_counts_utterances_without_draft_rounds():
+    from ct2_flash.benchmark.runner import summarise
+
+    def row(name, proposed, accepted, emitted, calls):
+        times = {"decode": 1.0, "whole": 2.0, "encode": 0.5}
+        return {"name": name, "seconds": 3.0, "bucket": "[0,5)", "reference": "", "baseline_text": "a",
+                "flash_text": "a", "tokens": emitted, "identical": True, "baseline": dict(times),
+                "flash": {**times, "drafter": 0.1, "verify": 0.3}, "target_calls": calls, "emitted": emitted,
+                "proposed_by_position": proposed, "accepted_by_position": accepted}
+
+    summary = summarise([row("none", [], [], 3, 3), row("some", [4, 2], [2, 1], 6, 3)])
+    assert summary["acceptance_by_position"] == [0.5, 0.5]
+    assert summary["first_position_acceptance"] == 0.5 and summary["acceptance_rate"] == 0.5
+    assert summary["tokens_per_target_call"] == 1.5
+    assert summarise([row("none", [], [], 3, 3)])["first_position_acceptance"] is None

@@ -259,8 +259,9 @@ def summarise(rows: Sequence[dict]) -> dict:
     proposed = np.zeros(max((len(r["proposed_by_position"]) for r in rows), default=0), dtype=np.int64)
     accepted = np.zeros_like(proposed)
     for r in rows:
-        proposed[: len(r["proposed_by_position"])] += r["proposed_by_position"]
-        accepted[: len(r["accepted_by_position"])] += r["accepted_by_position"]
+        # An utterance without any draft round has empty lists.
+        proposed[: len(r["proposed_by_position"])] += np.asarray(r["proposed_by_position"], dtype=np.int64)
+        accepted[: len(r["accepted_by_position"])] += np.asarray(r["accepted_by_position"], dtype=np.int64)
     systems = {}
     with_stock = all("stock" in r for r in rows)
     for system in ("baseline", "flash", *(("stock",) if with_stock else ())):
