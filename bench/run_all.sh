@@ -22,7 +22,7 @@ $PY bench/drafter_tricks.py --manifest "$HELD_OUT/manifest.tsv" --limit 12 --com
   --checkpoint no-history=$DATA/runs/ablation_no-history/best --out $OUT/ablation_int8.json
 
 # The project's benchmark: real speech (with the stock-ctranslate2 baseline), held-out
-# synthetic speech, and a 190 s recording for batch sizes and thread counts.
+# synthetic speech, and a 160 s recording for batch sizes and thread counts.
 $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 \
   --repeats 3 --stock --out $OUT/real_speech
 $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
