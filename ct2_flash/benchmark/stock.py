@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-
 import tempfile
 import venv
 
@@ -94,6 +93,3 @@ class StockWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-
