@@ -14,7 +14,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -99,9 +99,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
 def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
                 compute_type: str, threads: int, progress: bool = True) -> dict:
     """Measure one (compute type, threads) setting; returns its report section."""
-    import ctranslate2
     from faster_whisper import WhisperModel
-    from tqdm import tqdm
 
     from ..models import resolve_model
 
@@ -110,8 +108,12 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     flash = _flash_model(config, path, compute_type, threads)
     stock = StockWorker(config.stock_python, path, compute_type, threads) if config.stock_python else None
     options = dict(beam_size=1, without_timestamps=config.without_timestamps)
-    systems = {"baseline": lambda key, samples, seed: measure(baseline, samples, **options),
-               "flash": lambda key, samples, seed: measure(flash, samples, **options)}
+
+    def run_flash(key, samples, seed):
+        flash.reset_spec_stats()
+        return measure(flash, samples, **options), dataclasses.replace(flash.spec_stats)
+
+    systems = {"baseline": lambda key, samples, seed: measure(baseline, samples, **options), "flash": run_flash}
     if stock is not None:
         systems["stock"] = lambda key, samples, seed: stock.measure(key, samples, seed, **options)
     try:
@@ -121,26 +123,9 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         if config.drafter == "oracle":  # the oracle decodes each window once, then replays it
             for utterance in utterances[1:]:
                 measure(flash, audio[utterance.path], **options)
-
-        # Per utterance index (a manifest may list one file twice), per system: measurements.
-        runs: List[Dict[str, list]] = [{name: [] for name in [*systems, "stats"]} for _ in utterances]
-        names = list(systems)
-        bar = tqdm(total=config.repeats * len(utterances), desc=f"{compute_type}, {threads} thread(s)", disable=not progress)
-        for repeat in range(config.repeats):
-            for index, utterance in enumerate(utterances):
-                samples = audio[utterance.path]
-                shift = (repeat + index) % len(names)  # rotate who goes first
-                for name in names[shift:] + names[:shift]:
-                    # Temperature fallback samples inside CTranslate2; the same seed for every
-                    # system makes their fallbacks comparable.
-                    ctranslate2.set_random_seed(repeat)
-                    if name == "flash":
-                        flash.reset_spec_stats()
-                    runs[index][name].append(systems[name](utterance.path, samples, repeat))
-                    if name == "flash":
-                        runs[index]["stats"].append(dataclasses.replace(flash.spec_stats))
-                bar.update(1)
-        bar.close()
+        runs = _interleave(systems, utterances, audio, config.repeats, f"{compute_type}, {threads} thread(s)", progress)
+        for run in runs:
+            run["flash"], run["stats"] = [m for m, _ in run["flash"]], [stats for _, stats in run["flash"]]
     finally:
         if stock is not None:
             stock.close()
@@ -157,9 +142,7 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     ct2-flash decodes the rows of a batch one after another (the patched decoder keeps one
     sequence per state), faster-whisper decodes them together; this shows what that costs.
     """
-    import ctranslate2
     from faster_whisper import BatchedInferencePipeline, WhisperModel
-    from tqdm import tqdm
 
     from ..models import resolve_model
 
@@ -172,16 +155,9 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         first = audio[utterances[0].path]
         measure(baseline, first, **options)
         measure(flash, first, **options)
-        runs: List[Dict[str, list]] = [{"baseline": [], "flash": []} for _ in utterances]
-        bar = tqdm(total=config.repeats * len(utterances), desc=f"batch {batch_size}", disable=not progress)
-        for repeat in range(config.repeats):
-            for index, utterance in enumerate(utterances):
-                order = (("baseline", baseline), ("flash", flash))
-                for name, pipeline in order if (repeat + index) % 2 == 0 else order[::-1]:
-                    ctranslate2.set_random_seed(repeat)
-                    runs[index][name].append(measure(pipeline, audio[utterance.path], **options))
-                bar.update(1)
-        bar.close()
+        systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
+                   for name, pipeline in (("baseline", baseline), ("flash", flash))}
+        runs = _interleave(systems, utterances, audio, config.repeats, f"batch {batch_size}", progress)
         rows = []
         for index, utterance in enumerate(utterances):
             base, got = runs[index]["baseline"], runs[index]["flash"]
@@ -201,6 +177,34 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             "utterances": rows,
         })
     return sections
+
+
+def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
+                repeats: int, description: str, progress: bool) -> List[Dict[str, list]]:
+    """Run every system on every utterance, ``repeats`` times, rotating who goes first.
+
+    Args:
+        systems: name -> callable(key, samples, seed) returning that system's result.
+    Returns:
+        per utterance index (a manifest may list one file twice): name -> results in repeat order.
+    """
+    import ctranslate2
+    from tqdm import tqdm
+
+    runs: List[Dict[str, list]] = [{name: [] for name in systems} for _ in utterances]
+    names = list(systems)
+    bar = tqdm(total=repeats * len(utterances), desc=description, disable=not progress)
+    for repeat in range(repeats):
+        for index, utterance in enumerate(utterances):
+            shift = (repeat + index) % len(names)  # slow drift of the machine hits all alike
+            for name in names[shift:] + names[:shift]:
+                # Temperature fallback samples inside CTranslate2; the same seed for every
+                # system makes their fallbacks comparable.
+                ctranslate2.set_random_seed(repeat)
+                runs[index][name].append(systems[name](utterance.path, audio[utterance.path], repeat))
+            bar.update(1)
+    bar.close()
+    return runs
 
 
 def _median(runs: Sequence[Measurement], field: str) -> float:

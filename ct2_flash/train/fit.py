@@ -132,15 +132,11 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
     """Weighted cross-entropy over the K draft positions of every packed block."""
     k = model.config.num_draft_tokens
     x, positions = model.embed_blocks(batch["anchors"], batch["anchor_positions"])
-    history, visible = batch["history"], batch["visible"]
-    if not model.config.use_history:  # the ablation: blocks see no target state at all
-        history, visible = history[:, :0], torch.zeros_like(visible)
-    mask = block_attention_mask(visible, batch["history_length"], history.shape[1], k)
-    projected = model.project_history(history)
-    states = model.forward_blocks(
-        x, positions, model.history_kv(projected, batch["history_positions"][:, : history.shape[1]]),
-        model.cross_kv(batch["encoder"]), mask
-    )
+    history_kvs = model.history_kv(model.project_history(batch["history"]), batch["history_positions"])
+    # The model decides how much history it attends to (none in the no-history ablation).
+    history_size = history_kvs[0][0].shape[1]
+    mask = block_attention_mask(batch["visible"], batch["history_length"], history_size, k)
+    states = model.forward_blocks(x, positions, history_kvs, model.cross_kv(batch["encoder"]), mask)
     states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
     logits = model.logits(states)  # [B, N, K, shortlist]
     labels = batch["labels"]
