@@ -99,42 +99,50 @@ class DrafterConfig:
         return cls(**data)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def rope_table(size: int, head_dim: int, base: float) -> torch.Tensor:
+    """[size, 2, head_dim // 2] cos and sin of RoPE phases for positions 0..size-1 (float32)."""
+    half = head_dim // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) / half)
+    angles = torch.arange(size, dtype=torch.float64)[:, None] * inv_freq
+    return torch.stack([angles.cos(), angles.sin()], dim=1).float()
+
+
+def rotate(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     """Apply RoPE.
 
     Args:
         x: [..., T, heads, head_dim]
-        positions: [..., T] integer positions.
+        rope: [..., T, 2, head_dim // 2] cos and sin at each token's position (rows of
+            ``rope_table``, looked up once per pass and shared by every layer).
     Returns:
-        x rotated, same shape; phases are computed in float32 whatever x's dtype.
+        x rotated, same shape; phases are applied in float32 whatever x's dtype.
     """
     half = x.shape[-1] // 2
-    inv_freq = base ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
-    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]
+    cos, sin = rope[..., None, 0, :], rope[..., None, 1, :]  # [..., T, 1, half]
     first, second = x[..., :half].float(), x[..., half:].float()
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Unmasked attention, [B, heads, S, hd] x [B, heads, F, hd] -> [B, heads, S, hd].
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Attention, [B, heads, S, hd] x [B, heads, F, hd] -> [B, heads, S, hd] in q's dtype.
 
-    For the few queries of a draft round, plain matmuls beat the fused CPU kernel (about 2x
-    in bfloat16, on par in float32); training's many queries keep the fused one.
+    ``mask``: [B, 1, S, F] boolean, True = may attend, or None. For the few unmasked queries
+    of a draft round, plain matmuls beat the fused CPU kernel (2-3x at 9 queries); training's
+    many queries keep the fused one. Keys and values may be stored in another dtype than q
+    (bfloat16 encoder keys halve the memory a round reads); q is cast to theirs.
     """
-    if q.shape[-2] > 32 or torch.is_grad_enabled():
-        return F.scaled_dot_product_attention(q, k, v)
-    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+    if mask is not None or q.shape[-2] > 32 or torch.is_grad_enabled():
+        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+    scores = (q.to(k.dtype) @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return (torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v).to(q.dtype)
 
 
 class DrafterLayer(nn.Module):
     """One drafter block: self-attention over [history ; block], cross-attention, FFN."""
 
-    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, rope_base: float) -> None:
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.rope_base = rope_base
         self.self_norm = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.self_out = nn.Linear(d_model, d_model)
@@ -149,17 +157,17 @@ class DrafterLayer(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.num_heads, -1))  # [..., T, heads, head_dim]
 
-    def history_kv(self, history: torch.Tensor, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def history_kv(self, history: torch.Tensor, rope: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of projected history.
 
         Args:
             history: [B, T, d] projected history states.
-            positions: [B, T] their text positions.
+            rope: [B, T, 2, head_dim // 2] RoPE phases at their text positions.
         Returns:
             keys, values: [B, T, heads, head_dim] (keys rotated).
         """
         _, k, v = self.qkv(self.self_norm(history)).chunk(3, dim=-1)
-        return rotate(self._heads(k), positions, self.rope_base), self._heads(v)
+        return rotate(self._heads(k), rope), self._heads(v)
 
     def cross_kv_of(self, encoder_output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """[B, F, d] encoder output -> keys, values [B, heads, F, head_dim] (once per window).
@@ -172,7 +180,7 @@ class DrafterLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rope: torch.Tensor,
         history_kv: Tuple[torch.Tensor, torch.Tensor],
         cross_kv: Tuple[torch.Tensor, torch.Tensor],
         mask: Optional[torch.Tensor],
@@ -180,7 +188,7 @@ class DrafterLayer(nn.Module):
         """
         Args:
             x: [B, S, d] block tokens (one or several packed blocks).
-            positions: [B, S] their text positions.
+            rope: [B, S, 2, head_dim // 2] RoPE phases at their text positions.
             history_kv: keys, values [B, T, heads, head_dim] of the history.
             cross_kv: keys, values [B, heads, F, head_dim] of the encoder output, or None
                 to skip cross-attention (the no-audio ablation).
@@ -189,12 +197,10 @@ class DrafterLayer(nn.Module):
             [B, S, d]
         """
         q, k, v = self.qkv(self.self_norm(x)).chunk(3, dim=-1)
-        q = rotate(self._heads(q), positions, self.rope_base)
-        k = torch.cat([history_kv[0], rotate(self._heads(k), positions, self.rope_base)], dim=1)
+        q = rotate(self._heads(q), rope)
+        k = torch.cat([history_kv[0], rotate(self._heads(k), rope)], dim=1)
         v = torch.cat([history_kv[1], self._heads(v)], dim=1)
-        attended = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=None if mask is None else mask[:, None]
-        )
+        attended = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None if mask is None else mask[:, None])
         x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
         if cross_kv is not None:
             q = self._heads(self.cross_q(self.cross_norm(x)))
@@ -216,9 +222,13 @@ class FlashDrafterModel(nn.Module):
         self.mask_embedding = nn.Parameter(torch.zeros(k, d))
         self.history_proj = nn.Linear(config.history_dim, d)
         self.layers = nn.ModuleList(
-            DrafterLayer(d, config.num_heads, config.ffn_dim, config.rope_base) for _ in range(config.num_layers)
+            DrafterLayer(d, config.num_heads, config.ffn_dim) for _ in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(d)
+        # A block may reach K positions past the context; positions beyond the table are
+        # clamped to its last row (no such position is ever verified).
+        table = rope_table(config.max_positions + k + 1, d // config.num_heads, config.rope_base)
+        self.register_buffer("rope", table, persistent=False)
 
     def embed_blocks(self, anchors: torch.Tensor, anchor_positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Block inputs and positions.
@@ -236,6 +246,11 @@ class FlashDrafterModel(nn.Module):
         masks = self.mask_embedding.expand(*anchors.shape, k, -1)  # [B, N, K, d]
         x = torch.cat([anchor, masks], dim=2) + table
         return x.flatten(1, 2), positions.flatten(1, 2)
+
+    def _rope_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """[...] positions -> [..., 2, head_dim // 2] float32 RoPE phases (kept float32 even
+        when the model is cast to bfloat16)."""
+        return self.rope[positions.clamp(max=self.rope.shape[0] - 1)].float()
 
     def project_history(self, states: torch.Tensor) -> torch.Tensor:
         """[B, T, history_dim] target states -> [B, T, d]."""
@@ -256,12 +271,14 @@ class FlashDrafterModel(nn.Module):
         """
         if not self.config.use_history:  # the ablation: nothing of the target's states
             projected, positions = projected[:, :0], positions[:, :0]
-        return [layer.history_kv(projected, positions) for layer in self.layers]
+        rope = self._rope_at(positions)
+        return [layer.history_kv(projected, rope) for layer in self.layers]
 
     def forward_blocks(self, x, positions, history_kvs, cross_kvs, mask=None) -> torch.Tensor:
         """Run packed blocks through the layers; returns [B, S, d] final-normalised states."""
+        rope = self._rope_at(positions)
         for layer, history_kv, cross_kv in zip(self.layers, history_kvs, cross_kvs):
-            x = layer(x, positions, history_kv, cross_kv, mask)
+            x = layer(x, rope, history_kv, cross_kv, mask)
         return self.final_norm(x)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:

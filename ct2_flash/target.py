@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from .ct2_weights import CT2ModelFile
 from .logit_rules import SpecialTokens
@@ -131,6 +132,7 @@ class TargetRuntime:
         self.suppress_ids_begin = tuple(int(i) for i in suppress_ids_begin)
         self._recovery_rows: Optional[np.ndarray] = None
         self._recovery_pinv: Optional[np.ndarray] = None
+        self._blas = None  # numpy's BLAS thread pools, limited to one thread per recovery
 
     def start(self, encoder_output, prompt: Sequence[int]) -> PrefillResult:
         """Prefill ``prompt`` against one window's encoder output.
@@ -188,8 +190,13 @@ class TargetRuntime:
             rng = np.random.default_rng(0)
             rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
             self._recovery_rows = rows
-            self._recovery_pinv = np.linalg.pinv(embedding[rows].astype(np.float64)).astype(np.float32)
-        return np.asarray(logits, dtype=np.float32)[:, self._recovery_rows] @ self._recovery_pinv.T
+            self._recovery_pinv = np.ascontiguousarray(np.linalg.pinv(embedding[rows].astype(np.float64)).T, dtype=np.float32)
+            self._blas = ThreadpoolController().select(user_api="blas")
+        # One thread: right after a CTranslate2 call its OpenMP workers still spin on the
+        # cores, and numpy's multithreaded BLAS fighting them turned this ~0.1 ms product into
+        # ~11 ms per round on 2 cores (tiny.en, int8).
+        with self._blas.limit(limits=1):
+            return np.asarray(logits, dtype=np.float32)[:, self._recovery_rows] @ self._recovery_pinv
 
     def embedding(self) -> np.ndarray:
         """[vocab, d_model] float32 token embedding (the tied output projection)."""

@@ -61,3 +61,19 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
     longer = FitConfig(**{**config.__dict__, "steps": 4})
     meta = fit(teacher_dir, out, longer, shortlist_size=4096, progress=False)
     assert meta["step"] == 4 and len(meta["losses"]) == 4
+
+
+def test_fit_from_a_checkpoint_keeps_its_shortlist(teacher_dir, model_path, tmp_path):
+    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=2, validation_windows=1)
+    first = str(tmp_path / "first")
+    fit(teacher_dir, first, config, shortlist_size=4096, progress=False)
+    start = load_checkpoint(os.path.join(first, "best"), model_path)
+    second = str(tmp_path / "second")
+    # A different shortlist size is ignored: the head must stay the one the weights were trained for.
+    meta = fit(teacher_dir, second, config, shortlist_size=2048, progress=False, init_from=os.path.join(first, "best"))
+    assert meta["init_from"] == os.path.join(first, "best") and meta["step"] == 2
+    tuned = load_checkpoint(os.path.join(second, "best"), model_path)
+    assert tuned.shortlist.tolist() == start.shortlist.tolist()
+    assert not all(np.array_equal(a, b) for a, b in zip(tuned.state_dict().values(), start.state_dict().values()))
+    with pytest.raises(ValueError, match="use_audio=False"):
+        fit(teacher_dir, str(tmp_path / "third"), config, progress=False, init_from=os.path.join(first, "best"), use_audio=False)

@@ -30,6 +30,8 @@ def main() -> None:
     fit.add_argument("--shortlist", type=int, default=8192)
     fit.add_argument("--validation-windows", type=int, default=48)
     fit.add_argument("--threads", type=int, default=2)
+    fit.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    fit.add_argument("--init", default=None, help="start from this drafter checkpoint (keeps its shortlist)")
     fit.add_argument("--no-audio", action="store_true", help="ablation: no cross-attention to the audio")
     fit.add_argument("--no-history", action="store_true", help="ablation: no target decoder states")
     export = steps.add_parser("export-validation", help="held-out validation audio as a bench manifest")
@@ -59,10 +61,11 @@ def main() -> None:
         from .fit import FitConfig, fit
 
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
-                           warmup_steps=min(150, args.steps // 10), validation_windows=args.validation_windows)
+                           learning_rate=args.lr, warmup_steps=min(150, args.steps // 10),
+                           validation_windows=args.validation_windows)
         out = args.out or os.path.join(args.data, "runs", "main")
         meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
-                   use_audio=not args.no_audio, use_history=not args.no_history)
+                   use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
     elif args.step == "export-validation":
         from .export import export_validation

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ..ct2_weights import CT2ModelFile
-from ..flash_drafter import FlashDrafter, save_checkpoint, target_identity
+from ..flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, target_identity
 from ..flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
 
 IGNORE = -100
@@ -224,9 +224,15 @@ def _load_state(path: str, model, optimizer) -> dict:
 
 
 def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
-        threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True) -> dict:
+        threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True,
+        init_from: Optional[str] = None) -> dict:
     """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
-    ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations."""
+    ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations.
+
+    ``init_from``: a drafter checkpoint directory to start from instead of the target's blocks
+    (a new schedule on more data); its architecture and shortlist are kept, so
+    ``shortlist_size``, ``use_audio`` and ``use_history`` must not contradict it.
+    """
     from tqdm import tqdm
 
     from ..models import resolve_model
@@ -239,20 +245,30 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
     special = target.model.decoder.runtime.special
-    shortlist = shortlist_from(train, shortlist_size, special)
-    drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist),
-                                   use_audio=use_audio, use_history=use_history)
-    model = FlashDrafterModel(drafter_config)
-    model.init_from_target(CT2ModelFile(model_path))
-    model.shortlist.copy_(torch.from_numpy(shortlist))
+    if init_from is not None:
+        model = load_checkpoint(init_from, model_path)
+        drafter_config = model.config
+        wanted = {"use_audio": use_audio, "use_history": use_history}
+        clashes = [f"{name}={value}" for name, value in wanted.items() if getattr(drafter_config, name) != value]
+        if clashes:
+            raise ValueError(f"{init_from} was not trained with {', '.join(clashes)}")
+    else:
+        shortlist = shortlist_from(train, shortlist_size, special)
+        drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist),
+                                       use_audio=use_audio, use_history=use_history)
+        model = FlashDrafterModel(drafter_config)
+        model.init_from_target(CT2ModelFile(model_path))
+        model.shortlist.copy_(torch.from_numpy(shortlist))
+    model.train()
     full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
-    full_to_short[model.shortlist] = torch.arange(len(shortlist))
+    full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
 
     os.makedirs(out_dir, exist_ok=True)
     state_path = os.path.join(out_dir, "train_state")
     meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
-            "train_utterances": len(train), "validation_utterances": len(valid), "seconds": 0.0, "losses": []}
+            "train_utterances": len(train), "validation_utterances": len(valid), "seconds": 0.0, "losses": [],
+            "init_from": init_from}
     if os.path.exists(state_path + ".json"):
         meta = _load_state(state_path, model, optimizer)
     started = time.time() - meta["seconds"]

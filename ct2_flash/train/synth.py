@@ -3,8 +3,9 @@
 Each utterance is one passage (10-30 s) spoken by one voice at one speaking rate, then lightly
 augmented (gain, background noise at 10-40 dB SNR, synthetic room reverberation). Audio is
 written as 16 kHz int16 ``.npy`` files, one per utterance, and a line per finished utterance
-is appended to ``manifest.jsonl``: a rerun skips every id already there, so the step resumes
-after an interruption.
+is appended to ``manifest.jsonl``; utterances the voice could not speak or that came out longer
+than a window are appended to ``rejected.jsonl``. A rerun skips every id in either file, so the
+step resumes after an interruption and a larger ``hours`` only synthesizes new utterances.
 
 Split: the voice ``festival:ked_diphone`` and 5% of the texts (by hash) are validation only.
 """
@@ -17,7 +18,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -99,17 +100,18 @@ def augment(samples: np.ndarray, rng: np.random.Generator) -> Tuple[np.ndarray, 
     return np.clip(audio * gain * 32768.0, -32768, 32767).astype(np.int16), info
 
 
-def _job(job: Tuple[int, str, str, float, int, str]) -> Optional[dict]:
+def _job(job: Tuple[int, str, str, float, int, str]) -> dict:
+    """One utterance -> its manifest entry, or ``{"id", "rejected": reason}``."""
     index, voice_key, text, stretch, seed, out_dir = job
     engine, name = voice_key.split(":")
+    utterance_id = f"utt{index:06d}"
     try:
         samples = speak(Voice(engine, name), text, stretch)
     except subprocess.CalledProcessError:
-        return None
+        return {"id": utterance_id, "rejected": "tts failed"}
     if samples.size / SAMPLE_RATE > MAX_SECONDS or samples.size < SAMPLE_RATE:
-        return None
+        return {"id": utterance_id, "rejected": f"{samples.size / SAMPLE_RATE:.1f} s"}
     audio, info = augment(samples, np.random.default_rng(seed))
-    utterance_id = f"utt{index:06d}"
     np.save(os.path.join(out_dir, f"{utterance_id}.npy"), audio)
     split = "validation" if voice_key in VALIDATION_VOICES or is_validation(text) else "train"
     return {"id": utterance_id, "voice": voice_key, "stretch": stretch, "text": text,
@@ -133,25 +135,24 @@ def synthesize(data_dir: str, hours: float, seed: int = 0, workers: int = 2, pro
     out_dir = os.path.join(data_dir, "audio")
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(data_dir, "manifest.jsonl")
-    done: Dict[str, dict] = {}
-    if os.path.exists(manifest_path):
-        with open(manifest_path, encoding="utf-8") as stream:
-            for line in stream:
-                entry = json.loads(line)
-                done[entry["id"]] = entry
+    rejected_path = os.path.join(data_dir, "rejected.jsonl")
+    done, rejected = _read_ids(manifest_path), _read_ids(rejected_path)
     # ~18 s per utterance on average; ask for more and stop at the target.
     target_seconds = hours * 3600
     have = sum(e["seconds"] for e in done.values())
     count = int(target_seconds / 12) + 64
-    pending = [job for job in jobs(out_dir, count, seed) if f"utt{job[0]:06d}" not in done]
+    pending = [job for job in jobs(out_dir, count, seed) if f"utt{job[0]:06d}" not in done.keys() | rejected.keys()]
     bar = tqdm(total=round(target_seconds / 3600, 2), initial=round(have / 3600, 2), unit="h", disable=not progress)
-    with ProcessPoolExecutor(max_workers=workers) as pool, open(manifest_path, "a", encoding="utf-8") as manifest:
+    with ProcessPoolExecutor(max_workers=workers) as pool, open(manifest_path, "a", encoding="utf-8") as manifest, \
+            open(rejected_path, "a", encoding="utf-8") as rejects:
         # Small chunks, so that stopping at the target does not wait for a long queue.
         for start in range(0, len(pending), 8 * workers):
             if have >= target_seconds:
                 break
             for result in pool.map(_job, pending[start : start + 8 * workers]):
-                if result is None:
+                if "rejected" in result:
+                    rejects.write(json.dumps(result) + "\n")
+                    rejects.flush()
                     continue
                 manifest.write(json.dumps(result) + "\n")
                 manifest.flush()
@@ -160,3 +161,14 @@ def synthesize(data_dir: str, hours: float, seed: int = 0, workers: int = 2, pro
                 bar.update(round(result["seconds"] / 3600, 6))
     bar.close()
     return list(done.values())
+
+
+def _read_ids(path: str) -> Dict[str, dict]:
+    """JSON lines keyed by their "id" (empty if the file does not exist yet)."""
+    entries: Dict[str, dict] = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as stream:
+            for line in stream:
+                entry = json.loads(line)
+                entries[entry["id"]] = entry
+    return entries
