@@ -55,6 +55,7 @@ def main() -> None:
             "float32, shortlist": dict(precision="float32", min_confidence=0.0),
             "bfloat16, shortlist": dict(precision="bfloat16", min_confidence=0.0),
             "int8 weights, shortlist, 2 torch threads": dict(precision="int8", threads=2, min_confidence=0.0),
+            "int8 weights, shortlist, float32 encoder keys": dict(precision="int8", min_confidence=0.0, bfloat16_keys=False),
             "int8 weights, shortlist": dict(precision="int8", min_confidence=0.0),
             "int8 weights, shortlist, confidence >= 0.1": dict(precision="int8", min_confidence=0.1),
             "int8 weights, shortlist, confidence >= 0.3": dict(precision="int8", min_confidence=0.3),

@@ -53,8 +53,9 @@ class SpeculativeDecoder:
         drafter: the drafter (checked against the target's vocabulary by the caller).
         num_draft_tokens: K, the most tokens proposed per round (>= 1).
         stats: counters to update.
-        adaptive: stop drafting in a window once the ``DraftGovernor`` finds it slower than
-            plain steps (timing-dependent, so off by default; the model adapter turns it on).
+        adaptive: stop drafting for a stretch of a window once the ``DraftGovernor`` finds it
+            slower than plain steps, then probe it again (timing-dependent, so off by default;
+            the model adapter turns it on).
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
@@ -144,6 +145,8 @@ class SpeculativeDecoder:
         cache_length = sequence.length
         round_started = time.perf_counter()
         spent_before = (stats.drafter_seconds, stats.verify_seconds)
+        if not state.drafting and len(state.generated) >= state.resume_at:
+            self._resume_drafting(state, cache_length)
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
         num_tokens = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
         drafts: Sequence[int] = ()
@@ -161,7 +164,9 @@ class SpeculativeDecoder:
 
         kept = cache_length + 1 + outcome.accepted
         sequence.rollback(kept)
-        if not state.finished and state.drafting:
+        if state.finished:
+            return
+        if state.drafting:
             with _timed(stats, "drafter_seconds"):
                 states = None
                 if self.drafter.needs_states:
@@ -170,9 +175,31 @@ class SpeculativeDecoder:
             state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
                                   stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])
             if self.adaptive and not state.governor.pays():
-                state.drafting = False  # plain steps for the rest of this window
+                # Plain steps for a while; the drafter's history is kept complete so that a
+                # later stretch of the window, where drafting may pay, can be probed again.
+                state.drafting = False
+                state.resume_at = len(state.generated) + RESUME_AFTER_TOKENS
                 stats.windows_drafting_stopped += 1
+        elif self.drafter.needs_states and state.resume_at < math.inf:
+            with _timed(stats, "drafter_seconds"):
+                state.pending_states.append(self.runtime.decoder_states(logits[:1]))
 
+    def _resume_drafting(self, state: "_Decoding", cache_length: int) -> None:
+        """Hand the drafter the states of the plain steps and judge drafting afresh."""
+        with _timed(self.stats, "drafter_seconds"):
+            states = np.concatenate(state.pending_states) if state.pending_states else None
+            self.drafter.advance(states, cache_length)
+        state.pending_states = []
+        state.governor = DraftGovernor()
+        state.drafting = True
+        state.resume_at = math.inf
+        self.stats.drafting_resumed += 1
+
+
+# After drafting stopped in a window, plain steps run for this many tokens before the governor
+# probes drafting again (a window's later speech may suit the drafter better than its start;
+# a probe that fails costs ~3 rounds' worth of overhead, a few percent of the stretch).
+RESUME_AFTER_TOKENS = 32
 
 # A single-token decoder step costs about this fraction of a 9-token verification on CPU
 # (DESIGN.md: forward_step / forward_batch(T=9) = 6.1 / 11.0 at int8, 7.7 / 14.8 at float32).
@@ -186,7 +213,8 @@ class DraftGovernor:
     After ``min_rounds`` drafting rounds it compares their measured time per emitted token
     (drafter + verification + bookkeeping) with what a plain step would cost: the mean
     round's verification scaled by ``STEP_OVER_VERIFY``, plus the same bookkeeping. Drafting
-    that does not pay is stopped for the rest of the window; the output is the same either way.
+    that does not pay is stopped; the loop probes it again ``RESUME_AFTER_TOKENS`` later with a
+    fresh governor. The output is the same either way.
     """
 
     min_rounds: int = 3
@@ -222,6 +250,8 @@ class _Decoding:
     sampled: bool = False
     drafting: bool = True
     governor: DraftGovernor = field(default_factory=DraftGovernor)
+    resume_at: float = math.inf  # len(generated) at which stopped drafting is probed again
+    pending_states: List[np.ndarray] = field(default_factory=list)  # [1, d] per plain step
 
     @property
     def finished(self) -> bool:

@@ -182,10 +182,7 @@ class FlashDrafter(Drafter):
             modified: other precisions work on a copy.
         precision: "int8" (int8 weights, float32 activations), "bfloat16" or "float32";
             default ``default_precision()``. Proposals are only suggestions, so precision
-            changes speed and acceptance, never the output. With "int8" the window's encoder
-            keys/values are kept in bfloat16 where ``bfloat16_is_fast()``: the cross-attention
-            reads 1500 of them per layer every round, and half the bytes cut the round from 4.8
-            to 3.5 ms (tiny.en, one thread) with the same proposals on the test clip.
+            changes speed and acceptance, never the output.
         min_confidence: stop the proposal at the first position where the product of the
             drafter's probabilities so far falls below this (0 proposes all K). An unlikely
             token rarely pays for its share of the verification: on held-out speech at int8,
@@ -197,12 +194,16 @@ class FlashDrafter(Drafter):
         threads: torch threads during the drafter's calls (restored afterwards). One is
             fastest next to CTranslate2's own threads: a round is too small to split, and a
             second torch pool competes with CTranslate2's for the same cores.
+        bfloat16_keys: keep the window's encoder keys/values in bfloat16. The cross-attention
+            reads all 1500 of them per layer every round, and half the bytes cut a round from
+            4.8 to 3.5 ms (tiny.en, int8, one thread) with the same proposals on the test clip.
+            Default: with "bfloat16", and with "int8" where ``bfloat16_is_fast()``.
     """
 
     needs_states = True
 
     def __init__(self, model: FlashDrafterModel, precision: Optional[str] = None, min_confidence: float = 0.1,
-                 use_shortlist: bool = True, threads: int = 1) -> None:
+                 use_shortlist: bool = True, threads: int = 1, bfloat16_keys: Optional[bool] = None) -> None:
         precision = precision or default_precision()
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -213,8 +214,9 @@ class FlashDrafter(Drafter):
         self.threads = threads
         self.precision = precision
         self.dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32  # activations
-        fast_keys = precision == "bfloat16" or (precision == "int8" and bfloat16_is_fast())
-        self.cross_dtype = torch.bfloat16 if fast_keys else torch.float32  # encoder keys/values
+        if bfloat16_keys is None:
+            bfloat16_keys = precision == "bfloat16" or (precision == "int8" and bfloat16_is_fast())
+        self.cross_dtype = torch.bfloat16 if bfloat16_keys else torch.float32  # encoder keys/values
         self.min_confidence = min_confidence
         # Without history (an ablation) the target's states are not worth recovering.
         self.needs_states = model.config.use_history

@@ -20,7 +20,8 @@ class SpecStats:
         proposed_by_position: [K] how often a draft at position j was proposed.
         encoder_seconds / drafter_seconds / verify_seconds / other_seconds: wall time split.
         generate_calls: speculative ``generate()`` rows decoded.
-        windows_drafting_stopped: rows in which drafting did not pay and was stopped.
+        windows_drafting_stopped: times drafting did not pay in a row and was stopped.
+        drafting_resumed: times stopped drafting was probed again later in its row.
         fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged.
     """
 
@@ -37,6 +38,7 @@ class SpecStats:
     other_seconds: float = 0.0
     generate_calls: int = 0
     windows_drafting_stopped: int = 0
+    drafting_resumed: int = 0
     fallback_calls: int = 0
 
     @property

@@ -147,7 +147,7 @@ class FlashWhisperModel(WhisperModel):
             for this model if there is one (``ct2_flash/drafters/<name>/``), otherwise
             ``PromptLookupDrafter``, a zero-cost built-in that only helps on repeated phrases.
         num_draft_tokens: K, the most tokens proposed per verification (default 8).
-        adaptive: stop drafting in a window when it measures slower than plain steps (the
+        adaptive: pause drafting in a window while it measures slower than plain steps (the
             tokens are the same either way; see ``decoding.DraftGovernor``).
     """
 

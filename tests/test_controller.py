@@ -187,3 +187,22 @@ def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
             governor.record(tokens, drafter_seconds + 0.011, drafter_seconds, 0.010)
         assert governor.pays() is pays, (drafter_seconds, tokens, rounds)
         assert (governor.round_seconds / governor.emitted <= plain) is pays or rounds < 3
+
+
+def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatch):
+    from ct2_flash import decoding
+
+    verdicts = iter([False, True, True, True])  # the first governor says stop, later ones go on
+    monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self: next(verdicts))
+    monkeypatch.setattr(decoding, "RESUME_AFTER_TOKENS", 2)
+    drafter, runtime, stats = ScriptDrafter(), FakeRuntime(), SpecStats()
+    decoder = SpeculativeDecoder(runtime, drafter, 2, stats, adaptive=True)
+    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
+                            GreedyOptions(suppress_blank=False, suppress_tokens=()))
+    assert result.tokens == SCRIPT[:-1]
+    log = runtime.sequence.verify_log
+    # Round 1 drafts 12, 13 (bonus 14) and stops; two plain steps emit 15 and 16; then the
+    # drafter gets those two positions' states at once and drafts again from anchor 16.
+    assert log[:4] == [(2, [11, 12, 13]), (5, [14]), (6, [15]), (7, [16, 17, 18])]
+    assert drafter.advances[:3] == [((1, 4), 2), ((3, 4), 5), ((2, 4), 7)]
+    assert stats.windows_drafting_stopped == 1 and stats.drafting_resumed == 1
