@@ -239,6 +239,10 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
             "stock_identical": all(s.tokens == b.tokens for s, b in zip(runs["stock"], base))} if runs.get("stock") else {}),
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
+        "draft_rounds": counts.draft_rounds,
+        # The governor's decisions depend on timing: these two are from the first repeat.
+        "drafting_stopped": counts.windows_drafting_stopped,
+        "drafting_resumed": counts.drafting_resumed,
         "proposed_by_position": list(counts.proposed_by_position),
         "accepted_by_position": list(counts.accepted_by_position),
     }
@@ -306,6 +310,9 @@ def summarise(rows: Sequence[dict]) -> dict:
         "tokens_per_target_call": _ratio(sum(r["emitted"] for r in rows), sum(r["target_calls"] for r in rows)),
         "acceptance_by_position": [_ratio(int(a), int(p)) for a, p in zip(accepted, proposed)],
         "first_position_acceptance": _ratio(int(accepted[0]), int(proposed[0])) if proposed.size else None,
+        "draft_rounds": sum(r["draft_rounds"] for r in rows),
+        "drafting_stopped": sum(r["drafting_stopped"] for r in rows),
+        "drafting_resumed": sum(r["drafting_resumed"] for r in rows),
         "systems": systems,
         "buckets": buckets,
     }
