@@ -99,7 +99,7 @@ def _bench(args: argparse.Namespace) -> int:
     config = BenchConfig(model=args.model, drafter=args.drafter, compute_types=tuple(args.compute_types),
                          threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
                          without_timestamps=args.no_timestamps, stock_python=stock_python,
-                         batch_sizes=tuple(args.batch_sizes))
+                         batch_sizes=tuple(args.batch_sizes), decoder_threads=_decoder_threads(args.decoder_threads))
     try:
         document = run(config, utterances)
     except ValueError as error:  # unreadable or empty audio
@@ -128,6 +128,16 @@ def _bench(args: argparse.Namespace) -> int:
                   f"whole {stock['whole']['speedup']:.2f}x")
     print(f"wrote {args.out}/bench.json and plots")
     return 0
+
+
+def _decoder_threads(value: str):
+    """--decoder-threads: "model" (the model's default), "none", or a thread count."""
+    if value in ("model", "none"):
+        return None if value == "none" else value
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"ct2-flash bench: --decoder-threads takes an int, 'none' or 'model', not {value!r}") from None
 
 
 def _fetch_speech(args: argparse.Namespace) -> int:
@@ -171,6 +181,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--stock", action="store_true",
                        help="also time faster-whisper on stock ctranslate2 (in a separate venv, created on first use)")
     bench.add_argument("--stock-env", default="", help="that venv's directory (default ~/.cache/ct2_flash/stock-venv)")
+    bench.add_argument("--decoder-threads", default="model",
+                       help="FlashWhisperModel(decoder_threads=...): an int, 'none', or 'model' for its default")
     bench.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                        help="also compare BatchedInferencePipeline at these batch sizes (e.g. 1 2 4 8 16)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")

@@ -149,6 +149,13 @@ class FlashWhisperModel(WhisperModel):
         num_draft_tokens: K, the most tokens proposed per verification (default 8).
         adaptive: pause drafting in a window while it measures slower than plain steps (the
             tokens are the same either way; see ``decoding.DraftGovernor``).
+        decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
+            with this many CTranslate2 threads, while encoding (and any call that is not
+            speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
+            thread is faster than two on these machines and spares the drafter the other
+            core; the encoder is one large call that wants them all. The decoder's logits are
+            bit-identical at any thread count (``tests/test_whisper_model.py``). Costs the
+            model's weights once more in memory. None (default) uses the one model.
     """
 
     def __init__(
@@ -158,10 +165,14 @@ class FlashWhisperModel(WhisperModel):
         drafter: Union[Drafter, str, None] = None,
         num_draft_tokens: int = 8,
         adaptive: bool = True,
+        decoder_threads: Optional[int] = None,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        if decoder_threads is not None and (isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int)
+                                            or decoder_threads < 1):
+            raise ValueError(f"decoder_threads must be None or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = _load_vocabulary(model_path)
@@ -173,7 +184,7 @@ class FlashWhisperModel(WhisperModel):
             )
         config = _load_config(model_path)
         runtime = TargetRuntime(
-            self.model,
+            self._decoder_model(model_path, decoder_threads),
             model_path,
             special,
             suppress_ids=config.get("suppress_ids", ()),
@@ -181,6 +192,16 @@ class FlashWhisperModel(WhisperModel):
         )
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
+
+    def _decoder_model(self, model_path: str, threads: Optional[int]):
+        """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""
+        if threads is None:
+            return self.model
+        if self.model.device != "cpu":
+            logger.info("ct2-flash: decoder_threads only applies on CPU; the %s model decodes", self.model.device)
+            return self.model
+        return ctranslate2.models.Whisper(model_path, device="cpu", compute_type=self.model.compute_type,
+                                          intra_threads=threads)
 
     def encode_window(self, audio: np.ndarray):
         """Encoder output (StorageView [1, frames, d_model]) of the first 30 s of ``audio``,

@@ -4,7 +4,7 @@ import logging
 from dataclasses import asdict
 
 import pytest
-from faster_whisper import BatchedInferencePipeline
+from faster_whisper import BatchedInferencePipeline, WhisperModel
 
 from ct2_flash.testing import OracleDrafter, using_drafter
 
@@ -111,3 +111,33 @@ def test_num_draft_tokens_validated(model_path):
 
     with pytest.raises(ValueError, match="num_draft_tokens"):
         FlashWhisperModel(model_path, num_draft_tokens=0)
+
+
+def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
+    """The loop on a one-thread copy of the model: bit-identical logits, identical output."""
+    import numpy as np
+
+    from ct2_flash import FlashWhisperModel
+
+    from .conftest import THREADS
+
+    pair = {}
+    for compute_type in ("float32", "int8"):
+        split = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, decoder_threads=1)
+        runtime = split.model.decoder.runtime
+        assert runtime.model is not split.model._model  # encoder and fallbacks keep cpu_threads
+        encoder_output = split.encode_window(clips["clip12_awb.ogg"])
+        tokens = split.model._model.generate(encoder_output, [[50257]], beam_size=1)[0].sequences_ids[0]
+        for model in (runtime.model, split.model._model):
+            state, _ = model.prefill(encoder_output, [50257])
+            pair[model is runtime.model] = np.asarray(model.forward_batch(state, tokens)).copy()
+        assert np.array_equal(pair[True], pair[False]), compute_type
+        if compute_type == "float32":  # int8 batch rows are a separate matter (test_exactness)
+            with using_drafter(split.model.decoder, OracleDrafter(split.model._model, error_rate=0.3)):
+                got = segments_of(split, clips["clip09_kal16.ogg"], beam_size=1)
+            expected = segments_of(WhisperModel(model_path, compute_type="float32", cpu_threads=THREADS),
+                                   clips["clip09_kal16.ogg"], beam_size=1)
+            assert got == expected
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="decoder_threads"):
+            FlashWhisperModel(model_path, decoder_threads=bad)

@@ -14,7 +14,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class BenchConfig:
             to also time faster-whisper as users install it today; "" to skip.
         batch_sizes: also compare ``BatchedInferencePipeline`` runs at these batch sizes
             (worth it on recordings longer than one 30 s window).
+        decoder_threads: ``FlashWhisperModel(decoder_threads=...)``; "model" for the model's
+            own default.
     """
 
     model: str = "tiny.en"
@@ -54,6 +56,7 @@ class BenchConfig:
     without_timestamps: bool = False
     stock_python: str = ""
     batch_sizes: Tuple[int, ...] = ()
+    decoder_threads: Union[int, None, str] = "model"
 
     def __post_init__(self) -> None:
         if any(size < 1 for size in self.batch_sizes):
@@ -87,7 +90,8 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     drafter = config.drafter
     if drafter == "builtin":
         drafter = PromptLookupDrafter()
-    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads,
+    split = {} if config.decoder_threads == "model" else {"decoder_threads": config.decoder_threads}
+    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, **split,
                               num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter)
     if drafter == "oracle":
         from ..testing import OracleDrafter
