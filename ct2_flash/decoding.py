@@ -19,7 +19,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -67,6 +67,9 @@ class SpeculativeDecoder:
         self.num_draft_tokens = num_draft_tokens
         self.stats = stats
         self.adaptive = adaptive
+        # Measured cost of a single-token target pass (rounds with nothing proposed and plain
+        # steps are such passes); None until one has run.
+        self.step_seconds: Optional[float] = None
 
     def rules_for(self, prompt: Sequence[int], options: GreedyOptions) -> LogitRules:
         """The logit processor chain CTranslate2 builds for this prompt and these options."""
@@ -155,8 +158,11 @@ class SpeculativeDecoder:
                 drafts = self.drafter.propose(state.generated, num_tokens).tokens[:num_tokens]
             stats.draft_rounds += 1
 
+        verify_started = time.perf_counter()
         with _timed(stats, "verify_seconds"):
             logits = sequence.verify([state.generated[-1], *drafts])  # [1 + n, vocab]
+        if not drafts:
+            self._observe_step(time.perf_counter() - verify_started)
         stats.target_calls += 1
         emitted_before = len(state.generated)
         outcome = state.emit(drafts, logits, stats)
@@ -174,7 +180,7 @@ class SpeculativeDecoder:
                 self.drafter.advance(states, kept)
             state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
                                   stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])
-            if self.adaptive and not state.governor.pays():
+            if self.adaptive and not state.governor.pays(self.step_seconds):
                 # Plain steps for a while; the drafter's history is kept complete so that a
                 # later stretch of the window, where drafting may pay, can be probed again.
                 state.drafting = False
@@ -183,6 +189,11 @@ class SpeculativeDecoder:
         elif self.drafter.needs_states and state.resume_at < math.inf:
             with _timed(stats, "drafter_seconds"):
                 state.pending_states.append(self.runtime.decoder_states(logits[:1]))
+
+    def _observe_step(self, seconds: float) -> None:
+        """Fold a single-token pass into ``step_seconds`` (an average over recent ones, across
+        windows: one pass alone is noisy)."""
+        self.step_seconds = seconds if self.step_seconds is None else 0.9 * self.step_seconds + 0.1 * seconds
 
     def _resume_drafting(self, state: "_Decoding", cache_length: int) -> None:
         """Hand the drafter the states of the plain steps and judge drafting afresh."""
@@ -201,8 +212,9 @@ class SpeculativeDecoder:
 # a probe that fails costs ~3 rounds' worth of overhead, a few percent of the stretch).
 RESUME_AFTER_TOKENS = 32
 
-# A single-token decoder step costs about this fraction of a 9-token verification on CPU
-# (DESIGN.md: forward_step / forward_batch(T=9) = 6.1 / 11.0 at int8, 7.7 / 14.8 at float32).
+# Until a single-token pass has been timed, a plain step is taken to cost this fraction of a
+# 9-token verification (DESIGN.md, 2 CTranslate2 threads: forward_step / forward_batch(T=9) =
+# 6.1 / 11.0 at int8, 7.7 / 14.8 at float32; with one thread the ratio is nearer 0.8).
 STEP_OVER_VERIFY = 0.55
 
 
@@ -211,8 +223,9 @@ class DraftGovernor:
     """Decides whether drafting pays in the current window.
 
     After ``min_rounds`` drafting rounds it compares their measured time per emitted token
-    (drafter + verification + bookkeeping) with what a plain step would cost: the mean
-    round's verification scaled by ``STEP_OVER_VERIFY``, plus the same bookkeeping. Drafting
+    (drafter + verification + bookkeeping) with what a plain step would cost: the measured
+    single-token pass (or, before one was timed, the mean round's verification scaled by
+    ``STEP_OVER_VERIFY``) plus the same bookkeeping. Drafting
     that does not pay is stopped; the loop probes it again ``RESUME_AFTER_TOKENS`` later with a
     fresh governor. The output is the same either way.
     """
@@ -231,11 +244,18 @@ class DraftGovernor:
         self.drafter_seconds += drafter_seconds
         self.verify_seconds += verify_seconds
 
-    def pays(self) -> bool:
+    def pays(self, step_seconds: Optional[float] = None) -> bool:
+        """Whether drafting is at least as fast per token as plain steps.
+
+        Args:
+            step_seconds: measured time of a single-token target pass, if known.
+        """
         if self.rounds < self.min_rounds:
             return True
-        bookkeeping = self.round_seconds - self.drafter_seconds - self.verify_seconds
-        plain_step = (STEP_OVER_VERIFY * self.verify_seconds + bookkeeping) / self.rounds
+        bookkeeping = (self.round_seconds - self.drafter_seconds - self.verify_seconds) / self.rounds
+        if step_seconds is None:
+            step_seconds = STEP_OVER_VERIFY * self.verify_seconds / self.rounds
+        plain_step = step_seconds + bookkeeping
         return self.round_seconds / self.emitted <= plain_step
 
 

@@ -187,13 +187,19 @@ def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
             governor.record(tokens, drafter_seconds + 0.011, drafter_seconds, 0.010)
         assert governor.pays() is pays, (drafter_seconds, tokens, rounds)
         assert (governor.round_seconds / governor.emitted <= plain) is pays or rounds < 3
+    # A measured single-token pass replaces the estimate: at 9 ms per plain step, 16 ms for
+    # 2 tokens pays; at 5 ms it does not.
+    governor = DraftGovernor(min_rounds=3)
+    for _ in range(3):
+        governor.record(2, 0.016, 0.005, 0.010)
+    assert governor.pays(step_seconds=0.009) and not governor.pays(step_seconds=0.005)
 
 
 def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatch):
     from ct2_flash import decoding
 
     verdicts = iter([False, True, True, True])  # the first governor says stop, later ones go on
-    monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self: next(verdicts))
+    monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self, step_seconds=None: next(verdicts))
     monkeypatch.setattr(decoding, "RESUME_AFTER_TOKENS", 2)
     drafter, runtime, stats = ScriptDrafter(), FakeRuntime(), SpecStats()
     decoder = SpeculativeDecoder(runtime, drafter, 2, stats, adaptive=True)
@@ -206,3 +212,4 @@ def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatc
     assert log[:4] == [(2, [11, 12, 13]), (5, [14]), (6, [15]), (7, [16, 17, 18])]
     assert drafter.advances[:3] == [((1, 4), 2), ((3, 4), 5), ((2, 4), 7)]
     assert stats.windows_drafting_stopped == 1 and stats.drafting_resumed == 1
+    assert decoder.step_seconds is not None and decoder.step_seconds > 0  # the plain steps were timed
