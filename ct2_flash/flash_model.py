@@ -196,10 +196,11 @@ class DrafterLayer(nn.Module):
         Returns:
             [B, S, d]
         """
-        q, k, v = self.qkv(self.self_norm(x)).chunk(3, dim=-1)
-        q = rotate(self._heads(q), rope)
-        k = torch.cat([history_kv[0], rotate(self._heads(k), rope)], dim=1)
-        v = torch.cat([history_kv[1], self._heads(v)], dim=1)
+        qkv = self.qkv(self.self_norm(x)).unflatten(-1, (3 * self.num_heads, -1))  # [B, S, 3 * heads, head_dim]
+        # Queries and keys share their positions: one rotation for both.
+        q, k = rotate(qkv[:, :, : 2 * self.num_heads], rope).chunk(2, dim=2)
+        k = torch.cat([history_kv[0], k], dim=1)
+        v = torch.cat([history_kv[1], qkv[:, :, 2 * self.num_heads :]], dim=1)
         attended = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None if mask is None else mask[:, None])
         x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
         if cross_kv is not None:
