@@ -56,12 +56,20 @@ class SpeculativeDecoder:
         adaptive: stop drafting for a stretch of a window once the ``DraftGovernor`` finds it
             slower than plain steps, then probe it again (timing-dependent, so off by default;
             the model adapter turns it on).
+        guard_margin: a row of a multi-token pass whose choice is closer than this (in logits,
+            see ``LogitRules.choose``) to going another way is decided again by a single-token
+            pass, which is what greedy ``generate()`` computes. Multi-token rows are not the
+            same computation as single steps (at int8 they move by up to ~1 logit), so this
+            trades a few extra passes for identity; 0 turns it off.
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
-                 adaptive: bool = False):
+                 adaptive: bool = False, guard_margin: float = 0.0):
         if num_draft_tokens < 1:
             raise ValueError("num_draft_tokens must be >= 1")
+        if not guard_margin >= 0.0:
+            raise ValueError(f"guard_margin must be >= 0, got {guard_margin}")
+        self.guard_margin = guard_margin
         self.runtime = runtime
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
@@ -152,6 +160,8 @@ class SpeculativeDecoder:
             self._resume_drafting(state, cache_length)
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
         num_tokens = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
+        if state.single_pass_next:  # an unsure row is decided by a single-token pass
+            num_tokens, state.single_pass_next = 0, False
         drafts: Sequence[int] = ()
         if num_tokens > 0:
             with _timed(stats, "drafter_seconds"):
@@ -165,10 +175,16 @@ class SpeculativeDecoder:
             self._observe_step(time.perf_counter() - verify_started)
         stats.target_calls += 1
         emitted_before = len(state.generated)
-        outcome = state.emit(drafts, logits, stats)
+        outcome = state.emit(drafts, logits, stats, self.guard_margin)
         stats.record_round(len(drafts), outcome.accepted)
 
-        kept = cache_length + 1 + outcome.accepted
+        # The cache keeps the anchor and the accepted drafts; after an unsure row the last
+        # accepted draft (or, with none, the anchor itself) is the next anchor, so it leaves
+        # the cache and the next pass computes that row alone.
+        kept = cache_length + outcome.accepted + (0 if outcome.unsure else 1)
+        if outcome.unsure:
+            state.single_pass_next = True
+            stats.rows_rechecked += 1
         sequence.rollback(kept)
         if state.finished:
             return
@@ -176,8 +192,9 @@ class SpeculativeDecoder:
             with _timed(stats, "drafter_seconds"):
                 states = None
                 if self.drafter.needs_states:
-                    states = self.runtime.decoder_states(logits[: 1 + outcome.accepted])
-                self.drafter.advance(states, kept)
+                    states = self.runtime.decoder_states(logits[: kept - cache_length])
+                if kept > cache_length:
+                    self.drafter.advance(states, kept)
             state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
                                   stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])
             if self.adaptive and not state.governor.pays(self.step_seconds):
@@ -252,6 +269,8 @@ class DraftGovernor:
         """
         if self.rounds < self.min_rounds:
             return True
+        if self.emitted == 0:
+            return False
         bookkeeping = (self.round_seconds - self.drafter_seconds - self.verify_seconds) / self.rounds
         if step_seconds is None:
             step_seconds = STEP_OVER_VERIFY * self.verify_seconds / self.rounds
@@ -271,24 +290,29 @@ class _Decoding:
     drafting: bool = True
     governor: DraftGovernor = field(default_factory=DraftGovernor)
     resume_at: float = math.inf  # len(generated) at which stopped drafting is probed again
+    single_pass_next: bool = False  # the next round verifies the anchor alone (see guard_margin)
     pending_states: List[np.ndarray] = field(default_factory=list)  # [1, d] per plain step
 
     @property
     def finished(self) -> bool:
         return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
 
-    def emit(self, drafts: Sequence[int], logits: Sequence[np.ndarray], stats: SpecStats) -> Acceptance:
+    def emit(self, drafts: Sequence[int], logits: Sequence[np.ndarray], stats: SpecStats,
+             guard_margin: float = 0.0) -> Acceptance:
         """Accept drafts against the target's rows and append what the round produces.
 
         Args:
             drafts: [n] draft tokens (empty for a plain step).
             logits: [n + 1, vocab] raw target rows (row j follows the anchor and j drafts).
+            guard_margin: with drafts, a row decided by less than this is left unsure.
         """
         row_log_probs: List[float] = []
 
-        def target_token(row: int) -> int:
+        def target_token(row: int) -> Optional[int]:
             # A copy: the raw rows stay intact for the drafter's state recovery.
-            choice, row_log_prob = self.rules.choose(logits[row].copy(), [*self.generated, *drafts[:row]])
+            choice, row_log_prob, margin = self.rules.choose(logits[row].copy(), [*self.generated, *drafts[:row]])
+            if drafts and margin < guard_margin:
+                return None  # its single-token pass will count its log-probability
             row_log_probs.append(row_log_prob)
             return choice
 

@@ -92,21 +92,26 @@ class LogitRules:
         object.__setattr__(self, "_suppress", np.asarray(self.suppress_ids, dtype=np.int64))
         object.__setattr__(self, "_suppress_begin", np.asarray(self.suppress_begin_ids, dtype=np.int64))
 
-    def apply(self, logits: np.ndarray, generated: Sequence[int]) -> None:
+    def apply(self, logits: np.ndarray, generated: Sequence[int]) -> float:
         """Edit the logits of the next position in place.
 
         Args:
             logits: [vocab] float32 raw logits of the position after ``generated``.
             generated: tokens produced so far (prefix included); ``len(generated)`` is the step.
+
+        Returns:
+            how far the one logit-dependent rule (timestamp mass against the best text token)
+            was from deciding the other way, in log space; inf when it did not apply.
         """
         step = len(generated)
         logits[self._suppress] = _DISABLED
         if step == self.sample_begin:
             logits[self._suppress_begin] = _DISABLED
         if self.timestamps:
-            self._apply_timestamp_rules(logits, generated, step)
+            return self._apply_timestamp_rules(logits, generated, step)
+        return np.inf
 
-    def _apply_timestamp_rules(self, logits: np.ndarray, generated: Sequence[int], step: int) -> None:
+    def _apply_timestamp_rules(self, logits: np.ndarray, generated: Sequence[int], step: int) -> float:
         special = self.special
         ts_begin = special.timestamp_begin
         logits[special.no_timestamps] = _DISABLED
@@ -139,10 +144,13 @@ class LogitRules:
             # next token must be a timestamp (compared in log space, as CTranslate2 does).
             text = logits[:ts_begin]
             timestamp_mass = _logsumexp(logits[ts_begin:])
-            if timestamp_mass > np.max(text):
+            best_text = float(np.max(text))
+            if timestamp_mass > best_text:
                 text[:] = _DISABLED
+            return abs(timestamp_mass - best_text) if np.isfinite(timestamp_mass - best_text) else np.inf
+        return np.inf
 
-    def choose(self, logits: np.ndarray, generated: Sequence[int]) -> Tuple[int, float]:
+    def choose(self, logits: np.ndarray, generated: Sequence[int]) -> Tuple[int, float, float]:
         """Apply the rules and pick greedily.
 
         Args:
@@ -150,11 +158,18 @@ class LogitRules:
             generated: tokens produced so far.
 
         Returns:
-            (token, log-probability of the token under the edited logits)
+            (token, log-probability of the token under the edited logits, margin): the margin
+            is how close the choice came to going another way, in logits: the gap between the
+            best and second-best edited logits, or the timestamp-mass rule's own gap if smaller.
         """
-        self.apply(logits, generated)
+        margin = self.apply(logits, generated)
         token = int(np.argmax(logits))
-        return token, float(logits[token] - _logsumexp(logits))
+        best = logits[token]
+        logits[token] = _DISABLED
+        runner_up = np.max(logits)
+        logits[token] = best
+        margin = min(margin, float(best - runner_up)) if np.isfinite(runner_up) else margin
+        return token, float(best - _logsumexp(logits)), margin
 
 
 def _logsumexp(values: np.ndarray) -> float:

@@ -22,6 +22,8 @@ class SpecStats:
         generate_calls: speculative ``generate()`` rows decoded.
         windows_drafting_stopped: times drafting did not pay in a row and was stopped.
         drafting_resumed: times stopped drafting was probed again later in its row.
+        rows_rechecked: rows of multi-token passes too close to call, decided again by a
+            single-token pass (``guard_margin``).
         fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged.
     """
 
@@ -39,6 +41,7 @@ class SpecStats:
     generate_calls: int = 0
     windows_drafting_stopped: int = 0
     drafting_resumed: int = 0
+    rows_rechecked: int = 0
     fallback_calls: int = 0
 
     @property

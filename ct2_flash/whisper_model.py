@@ -41,6 +41,11 @@ _GREEDY_DEFAULTS: Dict[str, Any] = {
 }
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty")
 
+# Default guard margins (logits), by how far a multi-token row can be from a single step:
+# DESIGN.md measured at most 5e-5 at float32 and up to ~0.7-1 at int8.
+FLOAT32_GUARD = 1e-3
+QUANTIZED_GUARD = 1.0
+
 
 @dataclass
 class FlashGenerationResult:
@@ -156,6 +161,11 @@ class FlashWhisperModel(WhisperModel):
             core; the encoder is one large call that wants them all. The decoder's logits are
             bit-identical at any thread count (``tests/test_whisper_model.py``). Costs the
             model's weights once more in memory. None (default) uses the one model.
+        guard_margin: rows of a multi-token verification whose greedy choice is closer than
+            this many logits to going another way are decided again by a single-token pass
+            (``decoding.SpeculativeDecoder``). Default: 1e-3 at float32 (its multi-token rows
+            differ from single steps by at most 5e-5), 1.0 at every other compute type (int8
+            rows move by up to ~1 logit). 0 turns the guard off.
     """
 
     def __init__(
@@ -166,6 +176,7 @@ class FlashWhisperModel(WhisperModel):
         num_draft_tokens: int = 8,
         adaptive: bool = True,
         decoder_threads: Optional[int] = None,
+        guard_margin: Optional[float] = None,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -190,7 +201,10 @@ class FlashWhisperModel(WhisperModel):
             suppress_ids=config.get("suppress_ids", ()),
             suppress_ids_begin=config.get("suppress_ids_begin", ()),
         )
-        decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive)
+        if guard_margin is None:
+            guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
+        decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
+                                     guard_margin=guard_margin)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
 
     def _decoder_model(self, model_path: str, threads: Optional[int]):

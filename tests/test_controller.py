@@ -213,3 +213,43 @@ def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatc
     assert drafter.advances[:3] == [((1, 4), 2), ((3, 4), 5), ((2, 4), 7)]
     assert stats.windows_drafting_stopped == 1 and stats.drafting_resumed == 1
     assert decoder.step_seconds is not None and decoder.step_seconds > 0  # the plain steps were timed
+
+
+class FlipSequence(FakeSequence):
+    """Multi-token passes get the row at one position slightly wrong (as int8 batch rows can):
+    a wrong token wins by 0.1 logits there; single-token passes get it right."""
+
+    def __init__(self, prompt: List[int], flip_at: int) -> None:
+        super().__init__(prompt)
+        self.flip_at = flip_at
+
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        rows = super().verify(tokens)
+        for j in range(len(tokens)):
+            generated = len(self.tokens) - self.prompt_length - len(tokens) + j + 1
+            if len(tokens) > 1 and generated == self.flip_at:
+                rows[j][WRONG] = rows[j].max() + 0.1
+        return rows
+
+
+class FlipRuntime(FakeRuntime):
+    def start(self, encoder_output, prompt):
+        self.sequence = FlipSequence(list(prompt), flip_at=3)
+        return PrefillResult(self.sequence, one_hot(0), one_hot(SCRIPT[0]))
+
+
+@pytest.mark.parametrize("guard", [0.0, 0.5])
+def test_guard_decides_close_batch_rows_with_a_single_pass(guard):
+    runtime, stats = FlipRuntime(), SpecStats()
+    decoder = SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=guard)
+    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
+                            GreedyOptions(suppress_blank=False, suppress_tokens=()))
+    log = runtime.sequence.verify_log
+    if guard == 0.0:  # the close, wrong batch row is taken at face value
+        assert WRONG in result.tokens and stats.rows_rechecked == 0
+        return
+    assert result.tokens == SCRIPT[:-1]
+    # Row 2 of the first pass (after 11, 12, 13) is unsure: 12 and 13 are kept, 13 becomes the
+    # anchor again and leaves the cache, and a single-token pass decides 14.
+    assert log[0] == (2, [11, 12, 13, 14, 15]) and log[1] == (4, [13])
+    assert stats.rows_rechecked == 1 and stats.emitted == len(SCRIPT)
