@@ -99,7 +99,8 @@ def _bench(args: argparse.Namespace) -> int:
     config = BenchConfig(model=args.model, drafter=args.drafter, compute_types=tuple(args.compute_types),
                          threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
                          without_timestamps=args.no_timestamps, stock_python=stock_python,
-                         batch_sizes=tuple(args.batch_sizes), decoder_threads=_decoder_threads(args.decoder_threads))
+                         batch_sizes=tuple(args.batch_sizes), decoder_threads=_decoder_threads(args.decoder_threads),
+                         guard_margin=args.guard_margin)
     try:
         document = run(config, utterances)
     except ValueError as error:  # unreadable or empty audio
@@ -183,6 +184,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--stock-env", default="", help="that venv's directory (default ~/.cache/ct2_flash/stock-venv)")
     bench.add_argument("--decoder-threads", default="model",
                        help="FlashWhisperModel(decoder_threads=...): an int, 'none', or 'model' for its default")
+    bench.add_argument("--guard-margin", type=float, default=None,
+                       help="FlashWhisperModel(guard_margin=...) (default: the model's, by compute type)")
     bench.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                        help="also compare BatchedInferencePipeline at these batch sizes (e.g. 1 2 4 8 16)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")

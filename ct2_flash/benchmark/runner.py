@@ -45,6 +45,7 @@ class BenchConfig:
             (worth it on recordings longer than one 30 s window).
         decoder_threads: ``FlashWhisperModel(decoder_threads=...)``; "model" for the model's
             own default.
+        guard_margin: ``FlashWhisperModel(guard_margin=...)``; None for the model's default.
     """
 
     model: str = "tiny.en"
@@ -57,6 +58,7 @@ class BenchConfig:
     stock_python: str = ""
     batch_sizes: Tuple[int, ...] = ()
     decoder_threads: Union[int, None, str] = "model"
+    guard_margin: Optional[float] = None
 
     def __post_init__(self) -> None:
         if any(size < 1 for size in self.batch_sizes):
@@ -91,7 +93,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     if drafter == "builtin":
         drafter = PromptLookupDrafter()
     split = {} if config.decoder_threads == "model" else {"decoder_threads": config.decoder_threads}
-    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, **split,
+    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, **split, guard_margin=config.guard_margin,
                               num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter)
     if drafter == "oracle":
         from ..testing import OracleDrafter
