@@ -242,9 +242,9 @@ class DraftGovernor:
     After ``min_rounds`` drafting rounds it compares their measured time per emitted token
     (drafter + verification + bookkeeping) with what a plain step would cost: the measured
     single-token pass (or, before one was timed, the mean round's verification scaled by
-    ``STEP_OVER_VERIFY``) plus the same bookkeeping. Drafting
-    that does not pay is stopped; the loop probes it again ``RESUME_AFTER_TOKENS`` later with a
-    fresh governor. The output is the same either way.
+    ``STEP_OVER_VERIFY``) plus the same bookkeeping. Drafting that does not pay is stopped;
+    the loop probes it again ``RESUME_AFTER_TOKENS`` later with a fresh governor. The output
+    is the same either way.
     """
 
     min_rounds: int = 3

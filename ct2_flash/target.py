@@ -131,7 +131,7 @@ class TargetRuntime:
         self.suppress_ids = tuple(int(i) for i in suppress_ids)
         self.suppress_ids_begin = tuple(int(i) for i in suppress_ids_begin)
         self._recovery_rows: Optional[np.ndarray] = None
-        self._recovery_pinv: Optional[np.ndarray] = None
+        self._recovery_pinv: Optional[np.ndarray] = None  # [rows, d_model]: pinv(E[rows]).T
         self._blas = None  # numpy's BLAS thread pools, limited to one thread per recovery
 
     def start(self, encoder_output, prompt: Sequence[int]) -> PrefillResult:
