@@ -171,10 +171,12 @@ def test_summary_counts_utterances_without_draft_rounds():
                 "flash_text": "a", "tokens": emitted, "identical": True, "baseline": dict(times),
                 "flash": {**times, "drafter": 0.1, "verify": 0.3}, "target_calls": calls, "emitted": emitted,
                 "proposed_by_position": proposed, "accepted_by_position": accepted,
-                "draft_rounds": proposed[0] if proposed else 0, "drafting_stopped": int(bool(proposed)), "drafting_resumed": 0}
+                "draft_rounds": proposed[0] if proposed else 0, "drafting_stopped": int(bool(proposed)), "drafting_resumed": 0,
+                "rows_rechecked": 1}
 
     summary = summarise([row("none", [], [], 3, 3), row("some", [4, 2], [2, 1], 6, 3)])
     assert (summary["draft_rounds"], summary["drafting_stopped"], summary["drafting_resumed"]) == (4, 1, 0)
+    assert summary["rows_rechecked"] == 2
     assert summary["acceptance_by_position"] == [0.5, 0.5]
     assert summary["first_position_acceptance"] == 0.5 and summary["acceptance_rate"] == 0.5
     assert summary["tokens_per_target_call"] == 1.5

@@ -249,6 +249,7 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         # The governor's decisions depend on timing: these two are from the first repeat.
         "drafting_stopped": counts.windows_drafting_stopped,
         "drafting_resumed": counts.drafting_resumed,
+        "rows_rechecked": counts.rows_rechecked,
         "proposed_by_position": list(counts.proposed_by_position),
         "accepted_by_position": list(counts.accepted_by_position),
     }
@@ -319,6 +320,7 @@ def summarise(rows: Sequence[dict]) -> dict:
         "draft_rounds": sum(r["draft_rounds"] for r in rows),
         "drafting_stopped": sum(r["drafting_stopped"] for r in rows),
         "drafting_resumed": sum(r["drafting_resumed"] for r in rows),
+        "rows_rechecked": sum(r["rows_rechecked"] for r in rows),
         "systems": systems,
         "buckets": buckets,
     }
