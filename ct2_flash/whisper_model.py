@@ -44,7 +44,9 @@ _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", 
 # Default guard margins (logits), by how far a multi-token row can be from a single step:
 # DESIGN.md measured at most 5e-5 at float32 and up to ~0.7-1 at int8.
 FLOAT32_GUARD = 1e-3
-QUANTIZED_GUARD = 1.0
+QUANTIZED_GUARD = 2.0
+# decoder_threads="auto" splits off a one-thread decoder for models up to this width.
+AUTO_SPLIT_MAX_WIDTH = 512
 
 
 @dataclass
@@ -157,15 +159,20 @@ class FlashWhisperModel(WhisperModel):
         decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
-            thread is faster than two on these machines and spares the drafter the other
-            core; the encoder is one large call that wants them all. The decoder's logits are
-            bit-identical at any thread count (``tests/test_whisper_model.py``). Costs the
-            model's weights once more in memory. None (default) uses the one model.
+            thread can be faster than several; the encoder is one large call that wants them
+            all. The decoder's logits are bit-identical at any thread count
+            (``tests/test_whisper_model.py``). Costs the model's weights once more in memory.
+            None uses the one model. "auto" (default): one thread for int8 compute types and
+            models up to 512 wide (tiny, base), where it measured faster on 2 cores
+            (``bench/results/threads/``: decode part 0.79x -> 0.93x of faster-whisper at int8,
+            but 0.96x -> 0.86x at float32); otherwise None.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
             (``decoding.SpeculativeDecoder``). Default: 1e-3 at float32 (its multi-token rows
-            differ from single steps by at most 5e-5), 1.0 at every other compute type (int8
-            rows move by up to ~1 logit). 0 turns the guard off.
+            differ from single steps by at most 5e-5), 2.0 at every other compute type (int8
+            rows move by up to ~1 logit; on 12 held-out utterances 2.0 kept 11 identical
+            against 8 with 1.0 and 4 without the guard, for ~10% of the decode time). 0 turns
+            the guard off.
     """
 
     def __init__(
@@ -175,15 +182,15 @@ class FlashWhisperModel(WhisperModel):
         drafter: Union[Drafter, str, None] = None,
         num_draft_tokens: int = 8,
         adaptive: bool = True,
-        decoder_threads: Optional[int] = None,
+        decoder_threads: Union[int, str, None] = "auto",
         guard_margin: Optional[float] = None,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        if decoder_threads is not None and (isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int)
-                                            or decoder_threads < 1):
-            raise ValueError(f"decoder_threads must be None or an int >= 1, got {decoder_threads!r}")
+        if decoder_threads not in (None, "auto") and (isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int)
+                                                     or decoder_threads < 1):
+            raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = _load_vocabulary(model_path)
@@ -207,8 +214,11 @@ class FlashWhisperModel(WhisperModel):
                                      guard_margin=guard_margin)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
 
-    def _decoder_model(self, model_path: str, threads: Optional[int]):
+    def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""
+        if threads == "auto":
+            small = _model_width(model_path) <= AUTO_SPLIT_MAX_WIDTH
+            threads = 1 if small and self.model.device == "cpu" and self.model.compute_type.startswith("int8") else None
         if threads is None:
             return self.model
         if self.model.device != "cpu":
@@ -257,6 +267,13 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
     from .flash_drafter import FlashDrafter, load_checkpoint
 
     return FlashDrafter(load_checkpoint(drafter, model_path))
+
+
+def _model_width(model_path: str) -> int:
+    """d_model of a CTranslate2 Whisper model (read from model.bin's header, no weights)."""
+    from .ct2_weights import CT2ModelFile
+
+    return int(CT2ModelFile(model_path)["decoder/embeddings/weight"].shape[1])
 
 
 def _load_config(model_path: str) -> Dict[str, Any]:

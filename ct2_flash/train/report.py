@@ -48,6 +48,7 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
         f"- steps: {meta['step']} of {meta['fit_config']['steps']}, batch {meta['fit_config']['batch_size']}, "
         f"{meta['fit_config']['blocks_per_utterance']} blocks per utterance, wall time {meta['seconds'] / 60:.1f} min",
         f"- best validation (step {best.get('step')}): " + ", ".join(f"{k} {v:.3f}" for k, v in best.items() if k != "step"),
+        *_started_from(meta.get("init_from")),
         "",
         "![validation curves](validation_curves.png)",
     ]
@@ -55,3 +56,19 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     with open(path, "w", encoding="utf-8") as stream:
         stream.write("\n".join(lines) + "\n")
     return path
+
+
+def _started_from(init_from) -> list:
+    """A report line for a run that started from another run's checkpoint (``fit --init``)."""
+    if not init_from:
+        return []
+    run = os.path.dirname(os.path.normpath(init_from))
+    name = f"run {os.path.basename(run)}'s best checkpoint"
+    state = os.path.join(run, "train_state.json")
+    if not os.path.isfile(state):
+        return [f"- started from {name}"]
+    with open(state, encoding="utf-8") as stream:
+        earlier = json.load(stream)
+    return [f"- started from {name}: {earlier['step']} steps ({earlier['seconds'] / 60:.1f} min, "
+            f"{earlier['train_utterances']} training utterances), best validation mean accepted length "
+            f"{earlier['best']:.3f}"]
