@@ -138,6 +138,12 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
             expected = segments_of(WhisperModel(model_path, compute_type="float32", cpu_threads=THREADS),
                                    clips["clip09_kal16.ogg"], beam_size=1)
             assert got == expected
-    for bad in (0, -1, 1.5, True):
+    for bad in (0, -1, 1.5, True, "all"):
         with pytest.raises(ValueError, match="decoder_threads"):
             FlashWhisperModel(model_path, decoder_threads=bad)
+    # "auto" (the default) splits off a one-thread decoder for int8 tiny.en only.
+    for compute_type, splits in (("int8", True), ("float32", False)):
+        model = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS)
+        assert (model.model.decoder.runtime.model is not model.model._model) is splits
+    single = FlashWhisperModel(model_path, compute_type="int8", decoder_threads=None)
+    assert single.model.decoder.runtime.model is single.model._model
