@@ -39,6 +39,10 @@ def main() -> None:
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--limit", type=int, default=12)
+    # The guard (int8 default 2.0) re-decides close rows with extra single passes; it would
+    # hide what the drafter itself proposes and accepts, so the drafter is compared without it.
+    parser.add_argument("--guard-margin", type=float, default=0.0)
+    parser.add_argument("--decoder-threads", default="auto", help="'auto', 'none' or an int")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "drafter_tricks.json"))
     args = parser.parse_args()
 
@@ -66,8 +70,11 @@ def main() -> None:
     else:
         parser.error("give --drafter or --checkpoint")
     baseline = WhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads)
+    choices = {"auto": "auto", "none": None}
+    decoder_threads = choices[args.decoder_threads] if args.decoder_threads in choices else int(args.decoder_threads)
     flash = FlashWhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads,
-                              drafter=next(iter(drafters.values())))
+                              drafter=next(iter(drafters.values())), guard_margin=args.guard_margin,
+                              decoder_threads=decoder_threads)
     utterances = read_manifest(args.manifest)[: args.limit]
     audio = load_audio(utterances)
     options = dict(beam_size=1)
@@ -116,7 +123,8 @@ def main() -> None:
             "identical": f"{total['identical']}/{len(utterances)}",
         }
     document = {"drafter": args.drafter, "checkpoints": args.checkpoint, "manifest": args.manifest, "clips": len(utterances),
-                "compute_type": args.compute_type, "threads": args.threads,
+                "compute_type": args.compute_type, "threads": args.threads, "guard_margin": args.guard_margin,
+                "decoder_threads": args.decoder_threads,
                 "baseline_decode_seconds": baseline_decode, "wall_seconds": time.time() - started, "variants": report}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as stream:
