@@ -23,10 +23,23 @@ $PY bench/drafter_tricks.py --manifest "$HELD_OUT/manifest.tsv" --limit 12 --com
 
 # The project's benchmark: real speech (with the stock-ctranslate2 baseline), held-out
 # synthetic speech, and a 160 s recording for batch sizes and thread counts.
-$PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 \
+$PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types float32 int8 \
   --repeats 3 --stock --out $OUT/real_speech
 $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
   --repeats 3 --out $OUT/synthetic_held_out
+# Thread split and guard (bench/results/threads/README.md): directory, compute, threads, decoder threads, guard.
+while read -r name ct threads decoder guard; do
+  $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types "$ct" --threads "$threads" \
+    --decoder-threads "$decoder" ${guard:+--guard-margin $guard} --repeats 2 --out "$OUT/threads/$name"
+done <<'LIST'
+int8_guard0_shared int8 2 none 0
+int8_guard1_shared int8 2 none 1.0
+int8_guard1_decoder1 int8 2 1 1.0
+int8_guard1_threads1 int8 1 none 1.0
+int8_guard2_decoder1 int8 2 1 2.0
+float32_decoder1 float32 2 1
+float32_shared float32 2 none
+LIST
 if [[ ! -d $LONG ]]; then
   mkdir -p "$LONG"
   $PY - "$HELD_OUT" "$LONG" <<'PYEOF'
