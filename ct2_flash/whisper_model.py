@@ -160,12 +160,12 @@ class FlashWhisperModel(WhisperModel):
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
             thread can be faster than several; the encoder is one large call that wants them
-            all. The decoder's logits are bit-identical at any thread count
-            (``tests/test_whisper_model.py``). Costs the model's weights once more in memory.
-            None uses the one model. "auto" (default): one thread for int8 compute types and
-            models up to 512 wide (tiny, base), where it measured faster on 2 cores
-            (``bench/results/threads/``: decode part 0.79x -> 0.93x of faster-whisper at int8,
-            but 0.96x -> 0.86x at float32); otherwise None.
+            all. Costs the model's weights once more in memory. At int8 it measured faster on 2
+            cores (``bench/results/threads/``: decode part 0.79x -> 0.93x of faster-whisper),
+            at float32 slower (0.96x -> 0.86x). The decoder's logits matched the two-thread
+            model's bit for bit on the test clips (``tests/test_whisper_model.py``). None uses
+            the one model; "auto" (default) takes one thread for int8 models up to 512 wide
+            (tiny, base) and None otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
             (``decoding.SpeculativeDecoder``). Default: 1e-3 at float32 (its multi-token rows

@@ -6,11 +6,12 @@ trained Whisper-Flash drafter shipped for tiny.en), and K in {1, 4, 8}. Every cl
 
 int8: a verified row is not the same computation as a single step (CTranslate2's int8 path
 rounds activations, so tiny float differences of a batched pass can move a value across a
-rounding boundary; rows differ by up to ~1 logit). Without timestamps the segments must still
-match on this set. With timestamps, where a third of the target's own timestamp decisions
-have a top-2 margin under 0.25, identity is measured per window and every difference must sit
-at a position where the target itself is ambiguous (margin under INT8_MAX_SHIFT): a difference
-at a confident position would be a bug, not rounding.
+rounding boundary; rows differ by up to ~1 logit). The guard re-decides close rows with a
+single pass, but keys and values that multi-token passes wrote stay in the cache, so which
+ambiguous positions come out differently is a matter of rounding, with or without the guard.
+int8 identity is therefore measured per window, timestamps on and off, and every difference
+must sit at a position where the target itself is ambiguous (margin under INT8_MAX_SHIFT): a
+difference at a confident position would be a bug, not rounding.
 """
 
 import os
@@ -54,8 +55,8 @@ SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json
 
 @pytest.mark.parametrize("kind, k, timestamps", CASES, ids=[f"{d}-K{k}-{'ts' if t else 'nots'}" for d, k, t in CASES])
 def test_segments_identical(pair, clips, kind, k, timestamps):
-    if pair.compute_type == "int8" and timestamps:
-        pytest.skip("int8 with timestamps is checked per window by test_int8_timestamp_differences_are_ambiguous")
+    if pair.compute_type == "int8":
+        pytest.skip("int8 is checked per window by test_int8_differences_are_ambiguous")
     flash = pair.flash
     decoder = flash.model.decoder
     saved = (decoder.drafter, decoder.num_draft_tokens, decoder.adaptive)
@@ -88,7 +89,8 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
         assert stats.tokens_per_call > 1.5
 
 
-def test_int8_timestamp_differences_are_ambiguous(model_path, clips):
+@pytest.mark.parametrize("kind", ["oracle", "random", "default"])
+def test_int8_differences_are_ambiguous(model_path, clips, kind):
     from .conftest import ModelPair, _PAIRS
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
@@ -96,17 +98,17 @@ def test_int8_timestamp_differences_are_ambiguous(model_path, clips):
     flash = pair.flash
     decoder = flash.model.decoder
     comparisons = []
-    with using_drafter(decoder, OracleDrafter(flash.model._model, error_rate=0.25, seed=1)):
+    drafter = drafter_for(kind, pair) or decoder.drafter
+    previous = flash.hf_tokenizer.encode(" We talked about trains, museums and budgets.", add_special_tokens=False).ids
+    with using_drafter(decoder, drafter):
         for name, audio in clips.items():
             encoder_output = flash.encode_window(audio)
-            previous = flash.hf_tokenizer.encode(
-                " We talked about trains, museums and budgets.", add_special_tokens=False
-            ).ids
-            for prompt in ([50257], [50360, *previous, 50257]):  # plain; with previous text
+            # timestamps on and off, each plain and after previous text
+            for prompt in ([50257], [50360, *previous, 50257], [50257, 50362], [50360, *previous, 50257, 50362]):
                 comparisons.append((name, compare_window(decoder, encoder_output, prompt, GreedyOptions())))
     differences = [(name, c.first_difference, c.reference_margin) for name, c in comparisons if not c.identical]
-    print(f"int8 timestamps: {len(comparisons) - len(differences)}/{len(comparisons)} windows identical; "
+    print(f"int8, {kind}: {len(comparisons) - len(differences)}/{len(comparisons)} windows identical; "
           f"differences (clip, index, target's top-2 margin): {differences}")
     assert all(margin < INT8_MAX_SHIFT for _, _, margin in differences), differences
     # Most windows still match exactly; a collapse would mean a systematic problem.
-    assert len(differences) <= len(comparisons) // 2, differences
+    assert len(differences) <= len(comparisons) // 3, differences
