@@ -29,6 +29,7 @@ def main() -> None:
     from ct2_flash import FlashWhisperModel, resolve_model
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
+    from ct2_flash.cli import parse_decoder_threads
     from ct2_flash.flash_drafter import FlashDrafter, load_checkpoint
     from ct2_flash.measure import measure
 
@@ -70,11 +71,9 @@ def main() -> None:
     else:
         parser.error("give --drafter or --checkpoint")
     baseline = WhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads)
-    choices = {"auto": "auto", "none": None}
-    decoder_threads = choices[args.decoder_threads] if args.decoder_threads in choices else int(args.decoder_threads)
     flash = FlashWhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads,
                               drafter=next(iter(drafters.values())), guard_margin=args.guard_margin,
-                              decoder_threads=decoder_threads)
+                              decoder_threads=parse_decoder_threads(args.decoder_threads))
     utterances = read_manifest(args.manifest)[: args.limit]
     audio = load_audio(utterances)
     options = dict(beam_size=1)

@@ -99,7 +99,7 @@ def _bench(args: argparse.Namespace) -> int:
     config = BenchConfig(model=args.model, drafter=args.drafter, compute_types=tuple(args.compute_types),
                          threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
                          without_timestamps=args.no_timestamps, stock_python=stock_python,
-                         batch_sizes=tuple(args.batch_sizes), decoder_threads=_decoder_threads(args.decoder_threads),
+                         batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
                          guard_margin=args.guard_margin)
     try:
         document = run(config, utterances)
@@ -131,14 +131,14 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decoder_threads(value: str):
-    """--decoder-threads: "model" (the model's default), "none", or a thread count."""
-    if value in ("model", "none"):
+def parse_decoder_threads(value: str):
+    """--decoder-threads: "auto", "none" or a thread count -> ``FlashWhisperModel(decoder_threads=...)``."""
+    if value in ("auto", "none"):
         return None if value == "none" else value
     try:
         return int(value)
     except ValueError:
-        raise SystemExit(f"ct2-flash bench: --decoder-threads takes an int, 'none' or 'model', not {value!r}") from None
+        raise SystemExit(f"--decoder-threads takes an int, 'auto' or 'none', not {value!r}") from None
 
 
 def _fetch_speech(args: argparse.Namespace) -> int:
@@ -182,8 +182,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--stock", action="store_true",
                        help="also time faster-whisper on stock ctranslate2 (in a separate venv, created on first use)")
     bench.add_argument("--stock-env", default="", help="that venv's directory (default ~/.cache/ct2_flash/stock-venv)")
-    bench.add_argument("--decoder-threads", default="model",
-                       help="FlashWhisperModel(decoder_threads=...): an int, 'none', or 'model' for its default")
+    bench.add_argument("--decoder-threads", default="auto",
+                       help="FlashWhisperModel(decoder_threads=...): 'auto' (its default), 'none' or an int")
     bench.add_argument("--guard-margin", type=float, default=None,
                        help="FlashWhisperModel(guard_margin=...) (default: the model's, by compute type)")
     bench.add_argument("--batch-sizes", nargs="*", type=int, default=[],

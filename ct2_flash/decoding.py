@@ -168,11 +168,10 @@ class SpeculativeDecoder:
                 drafts = self.drafter.propose(state.generated, num_tokens).tokens[:num_tokens]
             stats.draft_rounds += 1
 
-        verify_started = time.perf_counter()
         with _timed(stats, "verify_seconds"):
             logits = sequence.verify([state.generated[-1], *drafts])  # [1 + n, vocab]
         if not drafts:
-            self._observe_step(time.perf_counter() - verify_started)
+            self._observe_step(stats.verify_seconds - spent_before[1])
         stats.target_calls += 1
         emitted_before = len(state.generated)
         outcome = state.emit(drafts, logits, stats, self.guard_margin)
@@ -189,11 +188,9 @@ class SpeculativeDecoder:
         if state.finished:
             return
         if state.drafting:
-            with _timed(stats, "drafter_seconds"):
-                states = None
-                if self.drafter.needs_states:
-                    states = self.runtime.decoder_states(logits[: kept - cache_length])
-                if kept > cache_length:
+            if kept > cache_length:
+                with _timed(stats, "drafter_seconds"):
+                    states = self.runtime.decoder_states(logits[: kept - cache_length]) if self.drafter.needs_states else None
                     self.drafter.advance(states, kept)
             state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
                                   stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])

@@ -43,8 +43,7 @@ class BenchConfig:
             to also time faster-whisper as users install it today; "" to skip.
         batch_sizes: also compare ``BatchedInferencePipeline`` runs at these batch sizes
             (worth it on recordings longer than one 30 s window).
-        decoder_threads: ``FlashWhisperModel(decoder_threads=...)``; "model" for the model's
-            own default.
+        decoder_threads: ``FlashWhisperModel(decoder_threads=...)``.
         guard_margin: ``FlashWhisperModel(guard_margin=...)``; None for the model's default.
     """
 
@@ -57,7 +56,7 @@ class BenchConfig:
     without_timestamps: bool = False
     stock_python: str = ""
     batch_sizes: Tuple[int, ...] = ()
-    decoder_threads: Union[int, None, str] = "model"
+    decoder_threads: Union[int, None, str] = "auto"
     guard_margin: Optional[float] = None
 
     def __post_init__(self) -> None:
@@ -92,8 +91,8 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     drafter = config.drafter
     if drafter == "builtin":
         drafter = PromptLookupDrafter()
-    split = {} if config.decoder_threads == "model" else {"decoder_threads": config.decoder_threads}
-    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, **split, guard_margin=config.guard_margin,
+    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
+                              guard_margin=config.guard_margin,
                               num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter)
     if drafter == "oracle":
         from ..testing import OracleDrafter
