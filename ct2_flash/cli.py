@@ -1,5 +1,6 @@
 """``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems,
-``bench`` measures both on many files, ``fetch-speech`` downloads the real-speech sets."""
+``bench`` measures both on many files, ``convert-drafter`` exports a trained drafter for the
+runtime, ``fetch-speech`` downloads the real-speech sets."""
 
 from __future__ import annotations
 
@@ -131,6 +132,28 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert_drafter(args: argparse.Namespace) -> int:
+    try:
+        from .converters import ConversionError, convert_drafter
+    except ImportError as error:
+        print(f"ct2-flash convert-drafter needs PyTorch and onnx ({error.name} is missing): "
+              "pip install 'ct2-flash[train]' (in a checkout: pip install -e '.[train]')", file=sys.stderr)
+        return 2
+    from .drafter_files import CheckpointError, DrafterMismatchError
+
+    try:
+        manifest = convert_drafter(args.checkpoint, args.out, args.model, force=args.force, audio=args.audio)
+    except (FileExistsError, CheckpointError, DrafterMismatchError, ConversionError) as error:
+        print(f"ct2-flash convert-drafter: {error}", file=sys.stderr)
+        return 2
+    for precision, check in manifest.verification.items():
+        print(f"{precision}: top-1 agreement with PyTorch {check['top1_agreement']:.2%} over {check['positions']} "
+              f"anchors (by position {', '.join(f'{a:.0%}' for a in check['top1_agreement_by_position'])}), "
+              f"max log-probability difference {check['max_log_prob_difference']:.2e}")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def parse_decoder_threads(value: str):
     """--decoder-threads: "auto", "none" or a thread count -> ``FlashWhisperModel(decoder_threads=...)``."""
     if value in ("auto", "none"):
@@ -189,6 +212,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                        help="also compare BatchedInferencePipeline at these batch sizes (e.g. 1 2 4 8 16)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
+    convert = commands.add_parser("convert-drafter", help="a drafter checkpoint -> ONNX graphs the runtime runs (needs [train])")
+    convert.add_argument("checkpoint", help="drafter checkpoint directory (drafter.json + drafter.safetensors)")
+    convert.add_argument("out", help="output directory (may be the checkpoint itself, with --force)")
+    convert.add_argument("--model", default=None, help="target model directory (default: the embedded model it names)")
+    convert.add_argument("--audio", nargs="*", default=[], help="audio files for verification (default: bundled sample)")
+    convert.add_argument("--force", action="store_true", help="overwrite the drafter files in OUT")
     fetch = commands.add_parser("fetch-speech", help="download the real-speech sets and write their manifests")
     fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx (default: all)")
     fetch.add_argument("--cache", default="")
@@ -200,6 +229,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _demo(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "convert-drafter":
+        return _convert_drafter(args)
     if args.command == "fetch-speech":
         return _fetch_speech(args)
     parser.error(f"unknown command {args.command}")

@@ -11,6 +11,7 @@ that were added, so a drafter with its own cache rolls back to the same length.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
@@ -62,10 +63,13 @@ class Proposal:
 
     Attributes:
         tokens: [n] proposed tokens, n <= the number asked for (may be empty).
+        log_probs: [n] the drafter's log-probability of each proposed token given the ones
+            before it, or empty when the drafter has no such estimate (prompt lookup).
         probs: [n, vocab] the drafter's probabilities for them, or None (greedy only).
     """
 
     tokens: Tuple[int, ...]
+    log_probs: Tuple[float, ...] = ()
     probs: Optional[np.ndarray] = None
 
 
@@ -137,3 +141,14 @@ class PromptLookupDrafter(Drafter):
                     if follow:
                         return Proposal(tokens=tuple(follow))
         return Proposal(tokens=())
+
+
+def cut_by_confidence(proposal: Proposal, min_confidence: float) -> Proposal:
+    """The prefix of ``proposal`` whose joint drafter probability stays >= ``min_confidence``.
+
+    An unlikely token rarely pays for its share of the verification; 0 keeps everything.
+    """
+    if min_confidence <= 0.0 or not proposal.log_probs:
+        return proposal
+    keep = int(np.sum(np.cumsum(proposal.log_probs) >= math.log(min_confidence)))
+    return Proposal(tokens=proposal.tokens[:keep], log_probs=proposal.log_probs[:keep])

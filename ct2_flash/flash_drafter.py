@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
-import math
 import os
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -24,56 +22,20 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .drafting import Drafter, DraftWindow, Proposal
-from .flash_model import DrafterConfig, FlashDrafterModel, TargetIdentity
+from .drafting import Drafter, DraftWindow, Proposal, cut_by_confidence
+from .drafter_files import (  # noqa: F401 (re-exported)
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    DrafterMismatchError,
+    check_target,
+    read_config,
+    target_identity,
+)
+from .flash_model import FlashDrafterModel
 
-WEIGHTS_FILE = "drafter.safetensors"
-CONFIG_FILE = "drafter.json"
 # Buffers copied from the target at load time instead of being stored (they are the target's).
 _TARGET_BUFFERS = ("token_embedding", "position_embedding")
-
-
-class DrafterMismatchError(ValueError):
-    """The drafter was trained for another target."""
-
-
-class CheckpointError(ValueError):
-    """The checkpoint directory is missing files or its contents are inconsistent."""
-
-
-def target_identity(model_path: str, model_name: str) -> TargetIdentity:
-    """Identify a CTranslate2 Whisper model directory for drafter compatibility checks."""
-    from .ct2_weights import CT2ModelFile
-
-    for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json"):
-        path = os.path.join(model_path, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as stream:
-                digest = hashlib.sha256(stream.read()).hexdigest()
-            break
-    else:
-        raise FileNotFoundError(f"no tokenizer or vocabulary file in {model_path}")
-    weights = CT2ModelFile(model_path)
-    vocab, d_model = weights["decoder/embeddings/weight"].shape
-    n_mels = weights["encoder/conv1/weight"].shape[1]  # [d_model, n_mels, kernel]
-    return TargetIdentity(
-        model_name=model_name, vocab_size=int(vocab), d_model=int(d_model), n_mels=int(n_mels), tokenizer_sha256=digest
-    )
-
-
-def check_target(config: DrafterConfig, target: TargetIdentity) -> None:
-    """Raise DrafterMismatchError listing every field in which the drafter's target differs."""
-    fields = ("vocab_size", "d_model", "n_mels", "tokenizer_sha256")
-    differences = [
-        f"{name}: drafter {getattr(config.target, name)!r} vs model {getattr(target, name)!r}"
-        for name in fields
-        if getattr(config.target, name) != getattr(target, name)
-    ]
-    if differences:
-        raise DrafterMismatchError(
-            f"this drafter was trained for {config.target.model_name!r}, not for the loaded model "
-            f"({target.model_name!r}): " + "; ".join(differences)
-        )
 
 
 def save_checkpoint(model: FlashDrafterModel, directory: str, dtype: Optional[torch.dtype] = None) -> None:
@@ -103,15 +65,10 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
     """
     from .ct2_weights import CT2ModelFile
 
-    config_path, weights_path = os.path.join(directory, CONFIG_FILE), os.path.join(directory, WEIGHTS_FILE)
-    for path in (config_path, weights_path):
-        if not os.path.isfile(path):
-            raise CheckpointError(f"drafter checkpoint {directory!r} has no {os.path.basename(path)}")
-    try:
-        with open(config_path, encoding="utf-8") as stream:
-            config = DrafterConfig.from_json_dict(json.load(stream))
-    except (ValueError, TypeError, KeyError) as error:
-        raise CheckpointError(f"{config_path} is not a valid drafter config: {error}") from error
+    weights_path = os.path.join(directory, WEIGHTS_FILE)
+    config = read_config(directory)
+    if not os.path.isfile(weights_path):
+        raise CheckpointError(f"drafter checkpoint {directory!r} has no {WEIGHTS_FILE}")
     check_target(config, target_identity(model_path, os.path.basename(os.path.normpath(model_path))))
     model = FlashDrafterModel(config)
     try:
@@ -287,8 +244,6 @@ class FlashDrafter(Drafter):
             logits = self._head(states[0, 1 : 1 + num_tokens]).float()  # mask positions: [n, shortlist]
             best, index = logits.max(-1)
             tokens = self._vocabulary[index].tolist()
-            if self.min_confidence > 0.0:
-                # log p(best) per position; keep the prefix whose joint probability stays high.
-                joint = torch.cumsum(best - torch.logsumexp(logits, -1), 0)
-                tokens = tokens[: int((joint >= math.log(self.min_confidence)).sum())]
-        return Proposal(tokens=tuple(tokens))
+            log_probs = (best - torch.logsumexp(logits, -1)).tolist()  # log p(best) per position
+        return cut_by_confidence(Proposal(tokens=tuple(tokens), log_probs=tuple(log_probs)), self.min_confidence)
+

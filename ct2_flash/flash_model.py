@@ -19,7 +19,6 @@ history positions < t_n and its own block only (``block_attention_mask``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
 import numpy as np
@@ -28,75 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .ct2_weights import CT2ModelFile
-
-
-@dataclass(frozen=True)
-class TargetIdentity:
-    """What a drafter was trained against; loading it next to another target fails."""
-
-    model_name: str
-    vocab_size: int
-    d_model: int
-    n_mels: int
-    tokenizer_sha256: str
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    """Architecture of a drafter (stored as JSON next to its safetensors weights).
-
-    Attributes:
-        target: the target model it belongs to.
-        num_layers / num_heads / ffn_dim: the drafter's blocks (copied from the target's).
-        num_draft_tokens: K, mask positions per block.
-        history_taps: which target states make up the history (only "final" exists today:
-            the post-LayerNorm decoder state recovered from the logits).
-        rope_base: RoPE frequency base.
-        max_positions: the target's text context (positions are clamped to it).
-        shortlist_size: size of the draft-head vocabulary shortlist, 0 for the full vocabulary.
-        use_audio: cross-attention to the encoder output (off only for the ablation).
-        use_history: attention to the target's decoder states (off only for the ablation).
-    """
-
-    target: TargetIdentity
-    num_layers: int = 2
-    num_heads: int = 6
-    ffn_dim: int = 1536
-    num_draft_tokens: int = 8
-    history_taps: Tuple[str, ...] = ("final",)
-    rope_base: float = 10000.0
-    max_positions: int = 448
-    shortlist_size: int = 0
-    use_audio: bool = True
-    use_history: bool = True
-
-    def __post_init__(self) -> None:
-        if self.target.d_model % self.num_heads:
-            raise ValueError("d_model must be divisible by num_heads")
-        if (self.target.d_model // self.num_heads) % 2:
-            raise ValueError("RoPE needs an even head dimension")
-        if self.history_taps != ("final",):
-            raise ValueError(f"unsupported history taps {self.history_taps}; only ('final',) exists")
-        if self.num_draft_tokens < 1 or self.num_layers < 1:
-            raise ValueError("num_draft_tokens and num_layers must be >= 1")
-
-    @property
-    def d_model(self) -> int:
-        return self.target.d_model
-
-    @property
-    def history_dim(self) -> int:
-        return self.target.d_model * len(self.history_taps)
-
-    def to_json_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json_dict(cls, data: dict) -> "DrafterConfig":
-        data = dict(data)
-        data["target"] = TargetIdentity(**data["target"])
-        data["history_taps"] = tuple(data["history_taps"])
-        return cls(**data)
+from .drafter_files import DrafterConfig, TargetIdentity  # noqa: F401 (re-exported)
 
 
 def rope_table(size: int, head_dim: int, base: float) -> torch.Tensor:

@@ -22,6 +22,7 @@ import numpy as np
 from faster_whisper import WhisperModel
 
 from .decoding import SpeculativeDecoder
+from .drafter_files import CheckpointError
 from .drafting import Drafter, GreedyOptions, PromptLookupDrafter
 from .logit_rules import SpecialTokens
 from .models import embedded_name, resolve_model
@@ -163,7 +164,8 @@ class FlashWhisperModel(WhisperModel):
             all. Costs the model's weights once more in memory. At int8 it measured faster on 2
             cores (``bench/results/threads/``: decode part 0.79x -> 0.93x of faster-whisper),
             at float32 slower (0.96x -> 0.86x). The decoder's logits matched the two-thread
-            model's bit for bit on the test clips (``tests/test_whisper_model.py``). None uses
+            model's bit for bit at int8 on the test clips, and within 1e-5 at float32, whose GEMM
+            splits work by thread count on AVX2-only CPUs (``tests/test_whisper_model.py``). None uses
             the one model; "auto" (default) takes one thread for int8 models up to 512 wide
             (tiny, base) and None otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
@@ -263,9 +265,22 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
         drafter = shipped
     if not isinstance(drafter, str):
         raise TypeError(f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}")
-    # torch is only needed for the trained drafter, so it is imported here.
-    from .flash_drafter import FlashDrafter, load_checkpoint
+    from .onnx_drafter import OnnxDrafter, has_graphs
 
+    if not os.path.isdir(drafter):
+        raise CheckpointError(f"drafter directory {drafter!r} does not exist")
+    if has_graphs(drafter):
+        return OnnxDrafter(drafter, model_path)
+    # A training checkpoint not yet converted runs in PyTorch (the [train] extra), the slower
+    # reference implementation of the same round.
+    try:
+        from .flash_drafter import FlashDrafter, load_checkpoint
+    except ImportError:
+        raise CheckpointError(f"drafter {drafter!r} has no exported graphs and PyTorch is not installed to run it "
+                              f"as a checkpoint; convert it with: ct2-flash convert-drafter {drafter} OUT "
+                              f"(pip install 'ct2-flash[train]')") from None
+    logger.warning("ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
+                   "convert it with: ct2-flash convert-drafter %s OUT", drafter, drafter)
     return FlashDrafter(load_checkpoint(drafter, model_path))
 
 

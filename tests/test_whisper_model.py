@@ -114,7 +114,9 @@ def test_num_draft_tokens_validated(model_path):
 
 
 def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
-    """The loop on a one-thread copy of the model: bit-identical logits, identical output."""
+    """The loop on a one-thread copy of the model: int8 logits bit-identical (the split "auto"
+    makes), float32 within rounding (on AVX2-only CPUs CTranslate2's float32 GEMM splits the
+    work differently per thread count: 7e-6 seen), and identical output."""
     import numpy as np
 
     from ct2_flash import FlashWhisperModel
@@ -131,7 +133,11 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
         for model in (runtime.model, split.model._model):
             state, _ = model.prefill(encoder_output, [50257])
             pair[model is runtime.model] = np.asarray(model.forward_batch(state, tokens)).copy()
-        assert np.array_equal(pair[True], pair[False]), compute_type
+        if compute_type == "int8":
+            assert np.array_equal(pair[True], pair[False])
+        else:
+            np.testing.assert_allclose(pair[True], pair[False], rtol=0, atol=1e-4)
+            assert np.array_equal(pair[True].argmax(-1), pair[False].argmax(-1))
         if compute_type == "float32":  # int8 batch rows are a separate matter (test_exactness)
             with using_drafter(split.model.decoder, OracleDrafter(split.model._model, error_rate=0.3)):
                 got = segments_of(split, clips["clip09_kal16.ogg"], beam_size=1)

@@ -1,0 +1,10 @@
+"""Converters: a trained drafter checkpoint -> the deployable drafter directory.
+
+Like CTranslate2's converters, each is one template (load -> validate -> export -> verify ->
+save) that refuses to overwrite an existing output without ``force``. They need PyTorch and
+``onnx`` (``pip install 'ct2-flash[train]'``); what they write runs without either.
+"""
+
+from .drafter import ConversionError, convert_drafter
+
+__all__ = ["ConversionError", "convert_drafter"]

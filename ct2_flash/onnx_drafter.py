@@ -1,0 +1,214 @@
+"""The Whisper-Flash draft round in ONNX Runtime: the drafter users run, without PyTorch.
+
+``ct2-flash convert-drafter`` (``converters/drafter.py``) exports a trained drafter as three
+graphs (see ``converters/graphs.py``): the window's audio keys/values, the history keys/values
+of the target states a round kept, and the block proposal. ``OnnxDrafter`` runs them on one
+intra-op thread (a round is too small to split, and CTranslate2 owns the other threads), with
+every cache allocated once per window:
+
+- the audio keys/values are bound to the proposal graph once per window (I/O binding), not
+  passed again every round;
+- the history keys/values live in preallocated ``[rows, heads, head_dim]`` buffers; a round
+  writes the rows the target kept and binds the first T rows, which are contiguous, so a
+  rollback is a shorter T and nothing is copied.
+
+It gives the same proposals as the PyTorch drafter on the float32 graphs (tested); the int8
+graphs (dynamic quantisation of the weights) are the default on CPU, where a round is bound by
+memory traffic. Proposals are only suggestions: precision changes speed and acceptance, never
+the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .drafter_files import CheckpointError, DrafterConfig, check_target, read_config, target_identity
+from .drafting import Drafter, DraftWindow, Proposal, cut_by_confidence
+
+EXPORT_FILE = "export.json"
+GRAPHS = ("audio", "history", "propose")
+PRECISIONS = ("int8", "float32")
+# The ONNX opset the converter writes; ONNX Runtime >= 1.14 runs it.
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    """What ``export.json`` records: the graph files per precision and how they were checked.
+
+    Attributes:
+        opset: ONNX opset of every graph.
+        graphs: precision -> graph name ("audio", "history", "propose") -> file name.
+        verification: precision -> agreement with the PyTorch drafter (see the converter).
+    """
+
+    opset: int
+    graphs: Dict[str, Dict[str, str]]
+    verification: Dict[str, dict]
+
+    @classmethod
+    def read(cls, directory: str) -> "ExportManifest":
+        path = os.path.join(directory, EXPORT_FILE)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"drafter {directory!r} has no exported graphs ({EXPORT_FILE}); convert its "
+                                  f"checkpoint with: ct2-flash convert-drafter CHECKPOINT {directory}")
+        try:
+            with open(path, encoding="utf-8") as stream:
+                data = json.load(stream)
+            manifest = cls(opset=int(data["opset"]), graphs=data["graphs"], verification=data.get("verification", {}))
+        except (ValueError, TypeError, KeyError) as error:
+            raise CheckpointError(f"{path} is not a valid export manifest: {error}") from error
+        for precision, files in manifest.graphs.items():
+            if set(files) != set(GRAPHS):
+                raise CheckpointError(f"{path}: {precision} graphs {sorted(files)}, expected {list(GRAPHS)}")
+        return manifest
+
+    def write(self, directory: str) -> None:
+        with open(os.path.join(directory, EXPORT_FILE), "w", encoding="utf-8") as stream:
+            json.dump({"opset": self.opset, "graphs": self.graphs, "verification": self.verification}, stream, indent=2)
+
+
+def has_graphs(directory: str) -> bool:
+    """Whether ``directory`` holds a converted drafter (``export.json``)."""
+    return os.path.isfile(os.path.join(directory, EXPORT_FILE))
+
+
+def _session(path: str, threads: int, providers: Sequence):
+    """An ONNX Runtime session for one graph; a missing, truncated or unloadable file names
+    itself and the command that rewrites it."""
+    import onnxruntime as ort
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"drafter graph {path} is missing; rewrite the drafter with "
+                              f"ct2-flash convert-drafter CHECKPOINT {os.path.dirname(path)} --force")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # warnings about unused initializers are not the user's business
+    try:
+        return ort.InferenceSession(path, options, providers=list(providers))
+    except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        raise CheckpointError(
+            f"ONNX Runtime {ort.__version__} cannot load drafter graph {path} ({error}); the file is "
+            f"damaged or needs a newer onnxruntime. Rewrite it with ct2-flash convert-drafter CHECKPOINT "
+            f"{os.path.dirname(path)} --force, or upgrade onnxruntime"
+        ) from error
+
+
+def _providers(device: str) -> List:
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device == "cuda":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("device='cuda' needs onnxruntime-gpu (pip install onnxruntime-gpu)")
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+class OnnxDrafter(Drafter):
+    """Drafts with the exported graphs of a converted Whisper-Flash drafter.
+
+    Args:
+        directory: the converted drafter (``drafter.json``, ``export.json`` and the graphs).
+        model_path: the target's CTranslate2 directory: the drafter is checked against it, and
+            its token embedding gives the anchor's input row.
+        precision: "int8" (default) or "float32" graphs.
+        min_confidence: stop the proposal where the drafter's joint probability of the tokens
+            so far falls below this (0 proposes all K); see ``cut_by_confidence``.
+        threads: ONNX Runtime intra-op threads (1: a round is too small to split).
+        device: "cpu", or "cuda" for ONNX Runtime's CUDA execution provider (onnxruntime-gpu).
+
+    Raises:
+        CheckpointError: missing or unreadable files, with the command that rewrites them.
+        DrafterMismatchError: the drafter was trained for another target.
+    """
+
+    needs_states = True
+
+    def __init__(self, directory: str, model_path: str, precision: str = "int8", min_confidence: float = 0.1,
+                 threads: int = 1, device: str = "cpu") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError("min_confidence must be in [0, 1)")
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        config: DrafterConfig = read_config(directory)
+        check_target(config, target_identity(model_path, os.path.basename(os.path.normpath(model_path))))
+        manifest = ExportManifest.read(directory)
+        if precision not in manifest.graphs:
+            raise CheckpointError(f"drafter {directory!r} has no {precision} graphs (it has {sorted(manifest.graphs)})")
+        providers = _providers(device)
+        files = manifest.graphs[precision]
+        self._audio = _session(os.path.join(directory, files["audio"]), threads, providers)
+        self._history = _session(os.path.join(directory, files["history"]), threads, providers)
+        self._propose = _session(os.path.join(directory, files["propose"]), threads, providers)
+        self.config = config
+        self.precision = precision
+        self.min_confidence = min_confidence
+        self.vocab_size = config.target.vocab_size
+        self.num_draft_tokens = config.num_draft_tokens
+        layers = config.num_layers
+        self._history_names = [f"history_{kind}_{i}" for i in range(layers) for kind in ("keys", "values")]
+        self._audio_names = [f"audio_{kind}_{i}" for i in range(layers) for kind in ("keys", "values")]
+        from .ct2_weights import CT2ModelFile
+
+        # The anchor's input row; float16 as stored, cast per round (one row).
+        self._embedding = np.asarray(CT2ModelFile(model_path)["decoder/embeddings/weight"])
+        head_dim = config.d_model // config.num_heads
+        # Room for every position the target can hold, plus one block.
+        rows = config.max_positions + config.num_draft_tokens + 1
+        self._buffers = [np.zeros((rows, config.num_heads, head_dim), dtype=np.float32) for _ in self._history_names]
+        self._binding = self._propose.io_binding()
+        self._audio_kv: List[np.ndarray] = []
+        self._rows = 0  # history rows in use
+        self._history_start = 0  # text position of history row 0
+        self._cache_length = 0  # the target's cache length = the next anchor's position
+
+    def begin(self, window: DraftWindow) -> None:
+        encoder_output = np.ascontiguousarray(window.encoder_output, dtype=np.float32)[None]
+        # Held here: the binding points at these arrays for the whole window.
+        self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})
+        for name, array in zip(self._audio_names, self._audio_kv):
+            self._binding.bind_cpu_input(name, array)
+        self._binding.bind_output("tokens")
+        self._binding.bind_output("log_probs")
+        self._rows = 0
+        # The first states the controller hands over are those of the last prompt position.
+        self._history_start = len(window.prompt) - 1
+        self._cache_length = len(window.prompt)
+
+    def advance(self, states: Optional[np.ndarray], cache_length: int) -> None:
+        if states is None:
+            return
+        count = len(states)
+        keep = cache_length - count - self._history_start  # rows before the new ones
+        positions = np.arange(cache_length - count, cache_length, dtype=np.int64)
+        new = self._history.run(self._history_names, {"states": np.ascontiguousarray(states, dtype=np.float32),
+                                                      "positions": positions})
+        if keep + count > len(self._buffers[0]):
+            self._buffers = [np.concatenate([b, np.zeros_like(b)]) for b in self._buffers]
+        for buffer, rows in zip(self._buffers, new):
+            buffer[keep : keep + count] = rows
+        self._rows = keep + count
+        self._cache_length = cache_length
+
+    def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
+        binding = self._binding
+        binding.bind_cpu_input("anchor_embedding", self._embedding[int(generated[-1])][None].astype(np.float32))
+        binding.bind_cpu_input("position", np.array([self._cache_length], dtype=np.int64))
+        for name, buffer in zip(self._history_names, self._buffers):
+            binding.bind_cpu_input(name, buffer[: self._rows])  # a contiguous prefix: no copy
+        self._propose.run_with_iobinding(binding)
+        tokens, log_probs = binding.copy_outputs_to_cpu()
+        proposal = Proposal(tokens=tuple(tokens[:num_tokens].tolist()), log_probs=tuple(log_probs[:num_tokens].tolist()))
+        return cut_by_confidence(proposal, self.min_confidence)
