@@ -127,7 +127,7 @@ class SpeculativeDecoder:
             # no step at all): nothing is sampled and the score stays 0.
             state.generated = state.generated[: max(0, max_steps)]
         else:
-            state.emit([], [prefill.next_logits], stats)  # the first token: the first anchor
+            state.emit([], prefill.next_logits[None].copy(), stats)  # the first token: the first anchor
             if not state.finished:
                 with _timed(stats, "drafter_seconds"):
                     self._begin_drafter(encoder_output, prompt, options, prefill)
@@ -174,6 +174,8 @@ class SpeculativeDecoder:
             self._observe_step(stats.verify_seconds - spent_before[1])
         stats.target_calls += 1
         emitted_before = len(state.generated)
+        # The drafter's states come from the raw rows; the logit rules then edit them in place.
+        columns = self.runtime.state_columns(logits) if self.drafter.needs_states else None
         outcome = state.emit(drafts, logits, stats, self.guard_margin)
         stats.record_round(len(drafts), outcome.accepted)
 
@@ -190,7 +192,7 @@ class SpeculativeDecoder:
         if state.drafting:
             if kept > cache_length:
                 with _timed(stats, "drafter_seconds"):
-                    states = self.runtime.decoder_states(logits[: kept - cache_length]) if self.drafter.needs_states else None
+                    states = self.runtime.states_from_columns(columns[: kept - cache_length]) if columns is not None else None
                     self.drafter.advance(states, kept)
             state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
                                   stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])
@@ -202,7 +204,7 @@ class SpeculativeDecoder:
                 stats.windows_drafting_stopped += 1
         elif self.drafter.needs_states and state.resume_at < math.inf:
             with _timed(stats, "drafter_seconds"):
-                state.pending_states.append(self.runtime.decoder_states(logits[:1]))
+                state.pending_states.append(self.runtime.states_from_columns(columns[:1]))
 
     def _observe_step(self, seconds: float) -> None:
         """Fold a single-token pass into ``step_seconds`` (an average over recent ones, across
@@ -294,31 +296,29 @@ class _Decoding:
     def finished(self) -> bool:
         return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
 
-    def emit(self, drafts: Sequence[int], logits: Sequence[np.ndarray], stats: SpecStats,
-             guard_margin: float = 0.0) -> Acceptance:
+    def emit(self, drafts: Sequence[int], logits: np.ndarray, stats: SpecStats, guard_margin: float = 0.0) -> Acceptance:
         """Accept drafts against the target's rows and append what the round produces.
 
         Args:
             drafts: [n] draft tokens (empty for a plain step).
-            logits: [n + 1, vocab] raw target rows (row j follows the anchor and j drafts).
-            guard_margin: with drafts, a row decided by less than this is left unsure.
+            logits: [n + 1, vocab] raw target rows (row j follows the anchor and j drafts);
+                edited in place by the logit rules.
+            guard_margin: with drafts, a row decided by less than this is left unsure (its
+                single-token pass will count its log-probability).
         """
-        row_log_probs: List[float] = []
-
-        def target_token(row: int) -> Optional[int]:
-            # A copy: the raw rows stay intact for the drafter's state recovery.
-            choice, row_log_prob, margin = self.rules.choose(logits[row].copy(), [*self.generated, *drafts[:row]])
-            if drafts and margin < guard_margin:
-                return None  # its single-token pass will count its log-probability
-            row_log_probs.append(row_log_prob)
-            return choice
-
-        outcome = greedy_accept(drafts, target_token, self.rules.special.eot)
+        choice = self.rules.choose_block(logits, self.generated, drafts)
+        guarded = bool(drafts) and guard_margin > 0.0
+        outcome = greedy_accept(
+            drafts,
+            lambda row: None if guarded and choice.margins[row] < guard_margin else int(choice.tokens[row]),
+            self.rules.special.eot,
+        )
         emitted = list(drafts[: outcome.accepted])
         if outcome.next_token is not None:
             emitted.append(outcome.next_token)
         self.generated.extend(emitted)
-        self.log_prob_sum += sum(row_log_probs)
+        # Rows 0 .. emitted - 1 gave the emitted tokens (an accepted end-of-text is its own row).
+        self.log_prob_sum += float(np.sum(choice.log_probs(len(emitted)), dtype=np.float64)) if emitted else 0.0
         self.steps_left -= len(emitted)
         self.sampled = True
         stats.emitted += len(emitted)

@@ -172,6 +172,116 @@ class LogitRules:
         return token, float(best - _logsumexp(logits)), margin
 
 
+    def choose_block(self, logits: np.ndarray, generated: Sequence[int], drafts: Sequence[int]) -> "BlockChoice":
+        """``choose`` for every row of a verified block at once, as array operations.
+
+        Args:
+            logits: [n + 1, vocab] float32 raw rows; edited in place. Row j is the position
+                after ``generated`` and the first j drafts.
+            generated: tokens produced so far (prefix included), ending with the anchor.
+            drafts: [n] the draft tokens (only the first n are read).
+
+        Returns:
+            the choice, margin and edited row of every position (``BlockChoice``).
+        """
+        rows = logits.shape[0]
+        sequence = np.asarray([*generated, *drafts[: rows - 1]], dtype=np.int64)
+        steps = len(generated) + np.arange(rows)  # [n + 1]
+        logits[:, self._suppress] = _DISABLED
+        begin_rows = np.flatnonzero(steps == self.sample_begin)
+        if begin_rows.size and self._suppress_begin.size:
+            logits[np.ix_(begin_rows, self._suppress_begin)] = _DISABLED
+        margins = self._timestamp_rules_block(logits, sequence, steps) if self.timestamps else np.full(rows, np.inf)
+        index = np.arange(rows)
+        tokens = logits.argmax(axis=1)
+        best = logits[index, tokens]
+        logits[index, tokens] = _DISABLED
+        runner_up = logits.max(axis=1)
+        logits[index, tokens] = best
+        gaps = np.where(np.isfinite(runner_up), best - runner_up, np.inf)
+        return BlockChoice(tokens=tokens, margins=np.minimum(margins, gaps), edited=logits)
+
+    def _timestamp_rules_block(self, logits: np.ndarray, sequence: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """``_apply_timestamp_rules`` on every row: [n + 1, vocab] in place -> [n + 1] margins.
+
+        Each row's branch is a boolean vector over rows; the ranges each branch disables are
+        column masks over the timestamp part (1,501 columns), or whole-row slices of the text
+        part.
+        """
+        special, begin = self.special, self.sample_begin
+        ts_begin = special.timestamp_begin
+        logits[:, special.no_timestamps] = _DISABLED
+        first = (steps == begin) & (begin == 0)  # the first token is a timestamp
+        later = steps > begin
+        # Lookups are only read where ``later`` holds (then the index exists); a trailing -1
+        # keeps the others in bounds, the first row of a window included.
+        tokens = np.append(sequence, -1)
+        previous = np.clip(steps - 1, 0, len(sequence))
+        last = np.where(later, tokens[previous], -1)
+        last_is_timestamp = later & (last >= ts_begin)
+        penultimate = np.where(steps - 1 > begin, tokens[np.clip(steps - 2, 0, len(sequence))], last)
+        pair = last_is_timestamp & (penultimate >= ts_begin)  # after a pair: text or end
+        lone = last_is_timestamp & ~pair  # a lone timestamp opens a pair
+        text = later & ~last_is_timestamp
+        # The latest timestamp in sequence[begin:step] (timestamps never decrease after it).
+        positions = np.arange(len(tokens))
+        latest = np.maximum.accumulate(np.where((tokens >= ts_begin) & (positions >= begin), positions, -1))
+        latest_before = np.where(later, latest[previous], -1)
+        latest_token = np.where(latest_before >= 0, tokens[np.clip(latest_before, 0, None)], -1)
+        monotonic = text & (latest_before >= 0)
+
+        timestamps = logits[:, ts_begin:]  # a view: [n + 1, timestamps]
+        token_ids = np.arange(ts_begin, logits.shape[1])
+        disabled = (pair[:, None]
+                    | (first[:, None] & (token_ids > self.max_initial_timestamp_id))
+                    | (lone[:, None] & (token_ids < last[:, None]))
+                    | (monotonic[:, None] & (token_ids <= latest_token[:, None])))
+        timestamps[disabled] = _DISABLED
+        logits[np.flatnonzero(first), :ts_begin] = _DISABLED
+        logits[np.flatnonzero(lone), : special.eot] = _DISABLED
+
+        margins = np.full(len(steps), np.inf)
+        checked = np.flatnonzero(lone | text)
+        if checked.size:
+            # The timestamp mass against the best text token, in log space, as in ``apply``.
+            timestamp_mass = _logsumexp_rows(timestamps[checked])
+            best_text = logits[checked, :ts_begin].max(axis=1)
+            logits[checked[timestamp_mass > best_text], :ts_begin] = _DISABLED
+            with np.errstate(invalid="ignore"):
+                gap = np.abs(timestamp_mass - best_text)
+            margins[checked] = np.where(np.isfinite(gap), gap, np.inf)
+        return margins
+
+
+@dataclass(frozen=True)
+class BlockChoice:
+    """The target's greedy choice at every row of a verified block.
+
+    Attributes:
+        tokens: [n + 1] the argmax of each edited row.
+        margins: [n + 1] how close each choice came to going another way (see ``choose``).
+        edited: [n + 1, vocab] the rows after the rules.
+    """
+
+    tokens: np.ndarray
+    margins: np.ndarray
+    edited: np.ndarray
+
+    def log_probs(self, count: int) -> np.ndarray:
+        """[count] log-probability of the chosen token in each of the first ``count`` rows."""
+        rows = self.edited[:count]
+        return rows[np.arange(count), self.tokens[:count]] - _logsumexp_rows(rows)
+
+
+def _logsumexp_rows(values: np.ndarray) -> np.ndarray:
+    """``_logsumexp`` of each row of [rows, columns] -> [rows]."""
+    peak = values.max(axis=1)
+    finite = np.isfinite(peak)
+    shifted = values - np.where(finite, peak, 0.0)[:, None]
+    with np.errstate(divide="ignore"):
+        return np.where(finite, peak + np.log(np.sum(np.exp(shifted), axis=1)), peak)
+
+
 def _logsumexp(values: np.ndarray) -> float:
     peak = np.max(values)
     if not np.isfinite(peak):

@@ -24,7 +24,10 @@ class SpecStats:
         drafting_resumed: times stopped drafting was probed again later in its row.
         rows_rechecked: rows of multi-token passes too close to call, decided again by a
             single-token pass (``guard_margin``).
-        fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged.
+        fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged because they are
+            not greedy (beam search, sampling, options the loop does not implement).
+        generate_rows: greedy rows decoded by CTranslate2's ``generate()`` because speculation
+            measured slower (``policy.SpeculationPolicy``).
     """
 
     target_calls: int = 0
@@ -43,6 +46,7 @@ class SpecStats:
     drafting_resumed: int = 0
     rows_rechecked: int = 0
     fallback_calls: int = 0
+    generate_rows: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -185,18 +185,32 @@ class TargetRuntime:
         Returns:
             [n, d_model] float32 decoder states.
         """
+        return self.states_from_columns(self.state_columns(logits))
+
+    def state_columns(self, logits: np.ndarray) -> np.ndarray:
+        """[n, vocab] raw logits -> [n, STATE_RECOVERY_ROWS] the columns the states are solved
+        from (taken before the logit rules edit the rows in place)."""
+        if self._recovery_rows is None:
+            self._prepare_recovery()
+        return logits[:, self._recovery_rows]
+
+    def states_from_columns(self, columns: np.ndarray) -> np.ndarray:
+        """[n, STATE_RECOVERY_ROWS] columns of raw logits -> [n, d_model] float32 states."""
         if self._recovery_pinv is None:
-            embedding = self.embedding()
-            rng = np.random.default_rng(0)
-            rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
-            self._recovery_rows = rows
-            self._recovery_pinv = np.ascontiguousarray(np.linalg.pinv(embedding[rows].astype(np.float64)).T, dtype=np.float32)
-            self._blas = ThreadpoolController().select(user_api="blas")
+            self._prepare_recovery()
         # One thread: right after a CTranslate2 call its OpenMP workers still spin on the
         # cores, and numpy's multithreaded BLAS fighting them turned this ~0.1 ms product into
         # ~11 ms per round on 2 cores (tiny.en, int8).
         with self._blas.limit(limits=1):
-            return np.asarray(logits, dtype=np.float32)[:, self._recovery_rows] @ self._recovery_pinv
+            return np.asarray(columns, dtype=np.float32) @ self._recovery_pinv
+
+    def _prepare_recovery(self) -> None:
+        embedding = self.embedding()
+        rng = np.random.default_rng(0)
+        rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
+        self._recovery_rows = rows
+        self._recovery_pinv = np.ascontiguousarray(np.linalg.pinv(embedding[rows].astype(np.float64)).T, dtype=np.float32)
+        self._blas = ThreadpoolController().select(user_api="blas")
 
     def embedding(self) -> np.ndarray:
         """[vocab, d_model] float32 token embedding (the tied output projection)."""

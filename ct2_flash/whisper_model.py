@@ -26,6 +26,7 @@ from .drafter_files import CheckpointError
 from .drafting import Drafter, GreedyOptions, PromptLookupDrafter
 from .logit_rules import SpecialTokens
 from .models import embedded_name, resolve_model
+from .policy import SpeculationPolicy
 from .stats import SpecStats
 from .target import TargetRuntime
 
@@ -66,9 +67,11 @@ class SpeculativeWhisper:
     Every attribute not defined here is the wrapped model's.
     """
 
-    def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str]) -> None:
+    def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
+                 policy: Optional[SpeculationPolicy] = None) -> None:
         self._model = model
         self.decoder = decoder
+        self.policy = policy or SpeculationPolicy()
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
 
@@ -100,6 +103,18 @@ class SpeculativeWhisper:
             **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
         )
         encoder_output = self._encoded(features)
+        speculative = self.policy.speculate(len(prompts))
+        started = time.perf_counter()
+        if speculative:
+            results = self._speculative_rows(encoder_output, prompts, options, kwargs)
+        else:  # speculation measured slower: the very call faster-whisper makes
+            results = self._model.generate(encoder_output, prompts, **kwargs)
+            self.stats.generate_rows += len(prompts)
+        tokens = sum(len(result.sequences_ids[0]) + 1 for result in results)  # + end-of-text
+        self.policy.record(speculative, len(prompts), time.perf_counter() - started, tokens)
+        return results
+
+    def _speculative_rows(self, encoder_output, prompts, options: GreedyOptions, kwargs: Dict[str, Any]) -> list:
         rows = np.asarray(encoder_output)
         results = []
         for index, prompt in enumerate(prompts):
@@ -155,8 +170,10 @@ class FlashWhisperModel(WhisperModel):
             for this model if there is one (``ct2_flash/drafters/<name>/``), otherwise
             ``PromptLookupDrafter``, a zero-cost built-in that only helps on repeated phrases.
         num_draft_tokens: K, the most tokens proposed per verification (default 8).
-        adaptive: pause drafting in a window while it measures slower than plain steps (the
-            tokens are the same either way; see ``decoding.DraftGovernor``).
+        adaptive: send a call to CTranslate2's own ``generate()`` when speculation measured
+            slower per token (``policy.SpeculationPolicy``), and pause drafting inside a window
+            while it measures slower than plain steps (``decoding.DraftGovernor``). The tokens
+            are the same either way. False drafts every round of every call.
         decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
@@ -214,7 +231,7 @@ class FlashWhisperModel(WhisperModel):
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin)
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary)
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy(enabled=adaptive))
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""

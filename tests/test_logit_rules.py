@@ -61,3 +61,82 @@ def test_disabled_tokens_match_ctranslate2(float32_pair, windows, name, options)
                 assert int(np.argmax(edited)) == tokens[step]
                 raw = prefill.sequence.verify([tokens[step]])[0]
     assert checked > 20
+
+
+# The vectorized block rules against the per-row reference.
+
+from ct2_flash.logit_rules import LogitRules, SpecialTokens  # noqa: E402
+
+SMALL = SpecialTokens(eot=50, sot=51, sot_prev=52, no_speech=53, no_timestamps=54, vocab_size=80)
+TS = SMALL.timestamp_begin  # 55 .. 79 are timestamps
+
+
+def _reference_block(rules, raw, generated, drafts):
+    """``LogitRules.choose`` row by row, on copies."""
+    tokens, margins, log_probs, edited = [], [], [], []
+    for row in range(raw.shape[0]):
+        logits = raw[row].copy()
+        token, log_prob, margin = rules.choose(logits, [*generated, *drafts[:row]])
+        tokens.append(token), margins.append(margin), log_probs.append(log_prob), edited.append(logits)
+    return np.array(tokens), np.array(margins), np.array(log_probs), np.array(edited)
+
+
+def _random_sequence(rng, length, begin):
+    """Text with timestamp pairs, lone timestamps and forced prefixes mixed in."""
+    sequence, stamp = [], TS
+    for _ in range(length):
+        kind = rng.random()
+        if kind < 0.3:
+            stamp = min(stamp + int(rng.integers(0, 3)), SMALL.timestamp_end)
+            sequence.append(stamp)
+        elif kind < 0.35:
+            sequence.append(int(rng.integers(TS, SMALL.timestamp_end + 1)))  # may go backwards (a prefix can)
+        else:
+            sequence.append(int(rng.integers(0, SMALL.eot)))
+    return sequence
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_block_rules_equal_per_row_rules_on_random_rows(seed):
+    rng = np.random.default_rng(seed)
+    begin = int(rng.integers(0, 3))
+    rules = LogitRules(special=SMALL, suppress_ids=tuple(int(t) for t in rng.choice(SMALL.eot, 5, replace=False)),
+                       suppress_begin_ids=(7, SMALL.eot), timestamps=bool(seed % 4), sample_begin=begin,
+                       max_initial_timestamp_id=TS + int(rng.integers(0, 10)))
+    generated = _random_sequence(rng, int(rng.integers(0, 6)), begin)
+    drafts = _random_sequence(rng, int(rng.integers(0, 8)), begin)
+    raw = rng.normal(0, 3, size=(len(drafts) + 1, SMALL.vocab_size)).astype(np.float32)
+    raw[:, TS:] += rng.normal(0, 3)  # sometimes the timestamp mass wins, sometimes not
+    tokens, margins, log_probs, edited = _reference_block(rules, raw, generated, drafts)
+    block = rules.choose_block(raw.copy(), generated, drafts)
+    np.testing.assert_array_equal(block.tokens, tokens)
+    np.testing.assert_array_equal(np.isneginf(block.edited), np.isneginf(edited))
+    np.testing.assert_array_equal(block.edited, edited)
+    np.testing.assert_allclose(block.margins, margins, rtol=1e-6)
+    np.testing.assert_allclose(block.log_probs(len(tokens)), log_probs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["timestamps", "no timestamps", "previous text"])
+def test_block_rules_equal_per_row_rules_on_real_rows(float32_pair, windows, name):
+    """Blocks of tiny.en's teacher-forced rows along its own greedy output."""
+    flash = float32_pair.flash
+    decoder = flash.model.decoder
+    prompt = prompts(flash)[name]
+    rules = decoder.rules_for(prompt, GreedyOptions())
+    blocks = 0
+    for window in windows:
+        tokens = list(flash.model._model.generate(window, [prompt], beam_size=1)[0].sequences_ids[0])
+        prefill = decoder.runtime.start(window, prompt)
+        rows = np.concatenate([prefill.next_logits[None], prefill.sequence.verify(tokens[:-1])])  # row i -> tokens[i]
+        for start in range(0, len(tokens) - 1, 3):
+            generated, drafts = tokens[:start], tokens[start : start + 7]
+            raw = rows[start : start + len(drafts) + 1]
+            drafts = drafts[: len(raw) - 1]
+            reference = _reference_block(rules, raw, generated, drafts)
+            block = rules.choose_block(raw.copy(), generated, drafts)
+            np.testing.assert_array_equal(block.tokens, reference[0])
+            np.testing.assert_array_equal(block.edited, reference[3])
+            np.testing.assert_allclose(block.margins, reference[1], rtol=1e-6)
+            np.testing.assert_allclose(block.log_probs(len(raw)), reference[2], rtol=1e-6, atol=1e-6)
+            blocks += 1
+    assert blocks > 10

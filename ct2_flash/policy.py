@@ -1,0 +1,83 @@
+"""Whether a ``generate()`` call goes through the speculative loop or CTranslate2's own.
+
+Speculation only pays when the drafter's accepted tokens save more target passes than the
+draft rounds and the wider verification cost, which depends on the drafter, the audio, the
+engine's kernels and the CPU. The in-window ``DraftGovernor`` can only fall back to plain
+steps driven from Python, which cost more than CTranslate2's internal greedy loop. So the
+adapter asks ``SpeculationPolicy`` per call: it keeps a running cost per token of both ways
+(measured on the calls they served) and sends each call the cheaper way, probing the other one
+now and then, since the audio or the machine's load can change which wins. The tokens are the
+same either way: ``generate()`` is the call faster-whisper itself makes.
+
+Probing the losing way costs its extra time once per interval; the interval doubles each time a
+probe confirms the loser (up to ``MAX_PROBE_INTERVAL`` calls), so a model whose drafter never
+pays spends under 1% of its decoding on probes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+FIRST_PROBE_INTERVAL = 4
+MAX_PROBE_INTERVAL = 64
+# Weight of the newest call in the running cost: recent calls matter (load and audio drift),
+# one odd call does not decide alone.
+SMOOTHING = 0.3
+
+
+@dataclass
+class SpeculationPolicy:
+    """Chooses per call; one per model, shared by its threads (decisions are advisory, so a
+    race between two threads only changes which way one call goes, never its tokens).
+
+    Attributes:
+        enabled: False sends every call through the speculative loop (``adaptive=False``).
+        speculative_cost: running seconds per token of speculative calls, None before one.
+        generate_cost: batch size -> running seconds per token of ``generate()`` calls (rows
+            of a batch share one call, which is cheaper per token than one row at a time).
+    """
+
+    enabled: bool = True
+    speculative_cost: Optional[float] = None
+    generate_cost: Dict[int, float] = field(default_factory=dict)
+    calls: int = 0
+    probe_interval: int = FIRST_PROBE_INTERVAL
+    next_probe: int = FIRST_PROBE_INTERVAL
+    last_winner: Optional[bool] = None
+
+    def speculate(self, batch_size: int) -> bool:
+        """Whether the next call with ``batch_size`` rows should run speculatively."""
+        if not self.enabled or self.speculative_cost is None:
+            return True
+        generate_cost = self.generate_cost.get(batch_size)
+        if generate_cost is None:
+            return False  # measure the other way once
+        self.calls += 1
+        winner = self.speculative_cost <= generate_cost
+        if winner != self.last_winner:  # a new leader: probe the other way soon again
+            self.last_winner = winner
+            self.probe_interval = FIRST_PROBE_INTERVAL
+            self.next_probe = self.calls + self.probe_interval
+        if self.calls >= self.next_probe:
+            self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
+            self.next_probe = self.calls + self.probe_interval
+            return not winner
+        return winner
+
+    def record(self, speculative: bool, batch_size: int, seconds: float, tokens: int) -> None:
+        """Fold one call into the running costs.
+
+        Args:
+            speculative: which way it ran.
+            batch_size: rows in the call.
+            seconds: its wall time, encoder output to last token.
+            tokens: tokens it produced, end-of-text included, over all rows.
+        """
+        cost = seconds / max(tokens, 1)
+        if speculative:
+            previous = self.speculative_cost
+            self.speculative_cost = cost if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * cost
+        else:
+            previous = self.generate_cost.get(batch_size)
+            self.generate_cost[batch_size] = cost if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * cost
