@@ -24,6 +24,7 @@ from typing import Iterator, List, Optional, Sequence
 import numpy as np
 
 from .acceptance import Acceptance, greedy_accept
+from .draft_length import DraftLengthPolicy
 from .drafting import Drafter, DraftWindow, GreedyOptions
 from .logit_rules import LogitRules
 from .stats import SpecStats
@@ -78,6 +79,9 @@ class SpeculativeDecoder:
         # Measured cost of a single-token target pass (rounds with nothing proposed and plain
         # steps are such passes); None until one has run.
         self.step_seconds: Optional[float] = None
+        # Drafts per round from the drafter's confidence and the measured verification cost
+        # (only with adaptive: otherwise every proposed token is verified).
+        self.lengths = DraftLengthPolicy()
 
     def rules_for(self, prompt: Sequence[int], options: GreedyOptions) -> LogitRules:
         """The logit processor chain CTranslate2 builds for this prompt and these options."""
@@ -163,21 +167,32 @@ class SpeculativeDecoder:
         if state.single_pass_next:  # an unsure row is decided by a single-token pass
             num_tokens, state.single_pass_next = 0, False
         drafts: Sequence[int] = ()
+        confidences: Sequence[float] = ()
         if num_tokens > 0:
             with _timed(stats, "drafter_seconds"):
-                drafts = self.drafter.propose(state.generated, num_tokens).tokens[:num_tokens]
+                proposal = self.drafter.propose(state.generated, num_tokens)
+            drafts, confidences = proposal.tokens[:num_tokens], proposal.log_probs[:num_tokens]
+            if self.adaptive and len(confidences) == len(drafts):
+                # Verify as many as pay for their rows (the proposal itself is paid already).
+                count = self.lengths.choose(confidences)
+                drafts, confidences = drafts[:count], confidences[:count]
             stats.draft_rounds += 1
 
         with _timed(stats, "verify_seconds"):
             logits = sequence.verify([state.generated[-1], *drafts])  # [1 + n, vocab]
+        verify_seconds = stats.verify_seconds - spent_before[1]
         if not drafts:
-            self._observe_step(stats.verify_seconds - spent_before[1])
+            self._observe_step(verify_seconds)
         stats.target_calls += 1
         emitted_before = len(state.generated)
         # The drafter's states come from the raw rows; the logit rules then edit them in place.
         columns = self.runtime.state_columns(logits) if self.drafter.needs_states else None
         outcome = state.emit(drafts, logits, stats, self.guard_margin)
         stats.record_round(len(drafts), outcome.accepted)
+        if len(confidences) == len(drafts):
+            rejected = outcome.accepted < len(drafts) and not outcome.unsure
+            self.lengths.observe(confidences, outcome.accepted, rejected, verify_seconds)
+            stats.record_confidences(confidences, outcome.accepted, rejected)
 
         # The cache keeps the anchor and the accepted drafts; after an unsure row the last
         # accepted draft (or, with none, the anchor itself) is the next anchor, so it leaves
@@ -307,10 +322,13 @@ class _Decoding:
                 single-token pass will count its log-probability).
         """
         choice = self.rules.choose_block(logits, self.generated, drafts)
-        guarded = bool(drafts) and guard_margin > 0.0
+        # Margins cost another pass over the rows, so only the rows acceptance reads get them:
+        # up to the first mismatch.
+        mismatches = np.flatnonzero(choice.tokens[: len(drafts)] != np.asarray(drafts, dtype=np.int64))
+        margins = choice.margins(1 + (mismatches[0] if mismatches.size else len(drafts))) if drafts and guard_margin > 0 else None
         outcome = greedy_accept(
             drafts,
-            lambda row: None if guarded and choice.margins[row] < guard_margin else int(choice.tokens[row]),
+            lambda row: None if margins is not None and margins[row] < guard_margin else int(choice.tokens[row]),
             self.rules.special.eot,
         )
         emitted = list(drafts[: outcome.accepted])

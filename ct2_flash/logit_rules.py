@@ -173,16 +173,17 @@ class LogitRules:
 
 
     def choose_block(self, logits: np.ndarray, generated: Sequence[int], drafts: Sequence[int]) -> "BlockChoice":
-        """``choose`` for every row of a verified block at once, as array operations.
+        """``choose`` for every row of a verified block, as array operations over the block.
+
+        The rules and the argmax run over all rows (one pass over the vocabulary); the margins
+        and log-probabilities, which cost further passes, are computed by ``BlockChoice`` for
+        the leading rows the round actually uses.
 
         Args:
             logits: [n + 1, vocab] float32 raw rows; edited in place. Row j is the position
                 after ``generated`` and the first j drafts.
             generated: tokens produced so far (prefix included), ending with the anchor.
             drafts: [n] the draft tokens (only the first n are read).
-
-        Returns:
-            the choice, margin and edited row of every position (``BlockChoice``).
         """
         rows = logits.shape[0]
         sequence = np.asarray([*generated, *drafts[: rows - 1]], dtype=np.int64)
@@ -191,35 +192,35 @@ class LogitRules:
         begin_rows = np.flatnonzero(steps == self.sample_begin)
         if begin_rows.size and self._suppress_begin.size:
             logits[np.ix_(begin_rows, self._suppress_begin)] = _DISABLED
-        margins = self._timestamp_rules_block(logits, sequence, steps) if self.timestamps else np.full(rows, np.inf)
-        index = np.arange(rows)
-        tokens = logits.argmax(axis=1)
-        best = logits[index, tokens]
-        logits[index, tokens] = _DISABLED
-        runner_up = logits.max(axis=1)
-        logits[index, tokens] = best
-        gaps = np.where(np.isfinite(runner_up), best - runner_up, np.inf)
-        return BlockChoice(tokens=tokens, margins=np.minimum(margins, gaps), edited=logits)
+        if not self.timestamps:
+            return BlockChoice(tokens=logits.argmax(axis=1), rule_margins=np.full(rows, np.inf), edited=logits)
+        tokens, rule_margins = self._timestamp_rules_block(logits, sequence, steps)
+        return BlockChoice(tokens=tokens, rule_margins=rule_margins, edited=logits)
 
-    def _timestamp_rules_block(self, logits: np.ndarray, sequence: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """``_apply_timestamp_rules`` on every row: [n + 1, vocab] in place -> [n + 1] margins.
+    def _timestamp_rules_block(self, logits: np.ndarray, sequence: np.ndarray, steps: np.ndarray):
+        """``_apply_timestamp_rules`` on every row, in place, and the argmax of each row.
 
-        Each row's branch is a boolean vector over rows; the ranges each branch disables are
-        column masks over the timestamp part (1,501 columns), or whole-row slices of the text
-        part.
+        Each row's branch is a boolean vector over rows; the ranges a branch disables are
+        column masks over the timestamp part (1,501 columns) or slices of the text part. The
+        text part is read once: its argmax and maximum serve both the timestamp-mass rule and
+        the choice.
+
+        Returns:
+            tokens [n + 1], and the timestamp-mass rule's margin per row (inf where it did not
+            apply).
         """
         special, begin = self.special, self.sample_begin
         ts_begin = special.timestamp_begin
         logits[:, special.no_timestamps] = _DISABLED
         first = (steps == begin) & (begin == 0)  # the first token is a timestamp
         later = steps > begin
-        # Lookups are only read where ``later`` holds (then the index exists); a trailing -1
-        # keeps the others in bounds, the first row of a window included.
+        # Lookups are only read where ``later`` holds, where the index exists; elsewhere index
+        # -1 reads the trailing -1 (the first row of a window has no token before it).
         tokens = np.append(sequence, -1)
-        previous = np.clip(steps - 1, 0, len(sequence))
+        previous = steps - 1
         last = np.where(later, tokens[previous], -1)
-        last_is_timestamp = later & (last >= ts_begin)
-        penultimate = np.where(steps - 1 > begin, tokens[np.clip(steps - 2, 0, len(sequence))], last)
+        last_is_timestamp = last >= ts_begin
+        penultimate = np.where(previous > begin, tokens[np.maximum(steps - 2, -1)], last)
         pair = last_is_timestamp & (penultimate >= ts_begin)  # after a pair: text or end
         lone = last_is_timestamp & ~pair  # a lone timestamp opens a pair
         text = later & ~last_is_timestamp
@@ -227,7 +228,7 @@ class LogitRules:
         positions = np.arange(len(tokens))
         latest = np.maximum.accumulate(np.where((tokens >= ts_begin) & (positions >= begin), positions, -1))
         latest_before = np.where(later, latest[previous], -1)
-        latest_token = np.where(latest_before >= 0, tokens[np.clip(latest_before, 0, None)], -1)
+        latest_token = tokens[latest_before]  # -1 where there is none
         monotonic = text & (latest_before >= 0)
 
         timestamps = logits[:, ts_begin:]  # a view: [n + 1, timestamps]
@@ -240,17 +241,33 @@ class LogitRules:
         logits[np.flatnonzero(first), :ts_begin] = _DISABLED
         logits[np.flatnonzero(lone), : special.eot] = _DISABLED
 
+        index = np.arange(len(steps))
+        # The text part's argmax in one pass: a full-row argmax over the contiguous block is
+        # cheaper than one over the strided text part, and it is the text argmax wherever it
+        # lands in the text part; other rows look at their text part alone.
+        best_text_token = logits.argmax(axis=1)
+        for row in np.flatnonzero(best_text_token >= ts_begin):  # rare: a timestamp leads
+            best_text_token[row] = logits[row, :ts_begin].argmax()
+        best_text = logits[index, best_text_token]
+        best_timestamp_token = timestamps.argmax(axis=1)
+        best_timestamp = timestamps[index, best_timestamp_token]
         margins = np.full(len(steps), np.inf)
-        checked = np.flatnonzero(lone | text)
-        if checked.size:
-            # The timestamp mass against the best text token, in log space, as in ``apply``.
-            timestamp_mass = _logsumexp_rows(timestamps[checked])
-            best_text = logits[checked, :ts_begin].max(axis=1)
-            logits[checked[timestamp_mass > best_text], :ts_begin] = _DISABLED
+        checked = lone | text
+        if checked.any():
+            # If the probability mass of all timestamps beats every single text token, the
+            # next token must be a timestamp (compared in log space, as in ``apply``).
+            rows = np.flatnonzero(checked)
+            timestamp_mass = _logsumexp_rows(timestamps[rows])
+            text_best = best_text[rows]
             with np.errstate(invalid="ignore"):
-                gap = np.abs(timestamp_mass - best_text)
-            margins[checked] = np.where(np.isfinite(gap), gap, np.inf)
-        return margins
+                gap = np.abs(timestamp_mass - text_best)
+            margins[rows] = np.where(np.isfinite(gap), gap, np.inf)
+            forced = rows[timestamp_mass > text_best]
+            logits[forced, :ts_begin] = _DISABLED
+            best_text[forced] = _DISABLED
+        # np.argmax takes the first maximum, so the text part wins ties.
+        chosen = np.where(best_text >= best_timestamp, best_text_token, ts_begin + best_timestamp_token)
+        return chosen, margins
 
 
 @dataclass(frozen=True)
@@ -259,13 +276,26 @@ class BlockChoice:
 
     Attributes:
         tokens: [n + 1] the argmax of each edited row.
-        margins: [n + 1] how close each choice came to going another way (see ``choose``).
+        rule_margins: [n + 1] the timestamp-mass rule's margin per row (inf where it did not
+            apply); ``margins`` adds the top-2 gap.
         edited: [n + 1, vocab] the rows after the rules.
     """
 
     tokens: np.ndarray
-    margins: np.ndarray
+    rule_margins: np.ndarray
     edited: np.ndarray
+
+    def margins(self, count: int) -> np.ndarray:
+        """[count] how close the choice of each of the first ``count`` rows came to going
+        another way, in logits (``LogitRules.choose``'s margin)."""
+        rows, index = self.edited[:count], np.arange(count)
+        chosen = self.tokens[:count]
+        best = rows[index, chosen]
+        rows[index, chosen] = _DISABLED
+        runner_up = rows.max(axis=1)
+        rows[index, chosen] = best
+        gaps = np.where(np.isfinite(runner_up), best - runner_up, np.inf)
+        return np.minimum(self.rule_margins[:count], gaps)
 
     def log_probs(self, count: int) -> np.ndarray:
         """[count] log-probability of the chosen token in each of the first ``count`` rows."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Sequence
 
 
 @dataclass
@@ -28,6 +28,9 @@ class SpecStats:
             not greedy (beam search, sampling, options the loop does not implement).
         generate_rows: greedy rows decoded by CTranslate2's ``generate()`` because speculation
             measured slower (``policy.SpeculationPolicy``).
+        calibration: [K][bins] counts (judged, accepted) of draft positions by the drafter's
+            confidence bin (``draft_length.DraftLengthPolicy.bins``), for the calibration plot;
+            a position counts when every draft before it was accepted.
     """
 
     target_calls: int = 0
@@ -47,6 +50,7 @@ class SpecStats:
     rows_rechecked: int = 0
     fallback_calls: int = 0
     generate_rows: int = 0
+    calibration: List[List[List[int]]] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -74,6 +78,18 @@ class SpecStats:
             self.accepted_by_position[j] += 1
         self.proposed += proposed
         self.accepted += accepted
+
+    def record_confidences(self, log_probs: Sequence[float], accepted: int, rejected: bool) -> None:
+        """Count the judged positions of one verified block by confidence bin."""
+        from .draft_length import CONFIDENCE_BINS, DraftLengthPolicy
+
+        bins = DraftLengthPolicy.bins(log_probs)
+        while len(self.calibration) < len(bins):
+            self.calibration.append([[0, 0] for _ in range(CONFIDENCE_BINS)])
+        for position in range(min(len(bins), accepted + int(rejected))):
+            cell = self.calibration[position][int(bins[position])]
+            cell[0] += 1
+            cell[1] += int(position < accepted)
 
     def reset(self) -> None:
         for name, value in SpecStats().__dict__.items():

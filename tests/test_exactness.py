@@ -61,7 +61,7 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
     decoder = flash.model.decoder
     saved = (decoder.drafter, decoder.num_draft_tokens, decoder.adaptive)
     if kind.startswith("default"):
-        assert type(decoder.drafter).__name__ == ("FlashDrafter" if SHIPPED else "PromptLookupDrafter")
+        assert type(decoder.drafter).__name__ == ("OnnxDrafter" if SHIPPED else "PromptLookupDrafter")
     else:
         decoder.drafter = drafter_for(kind, pair)
     # Draft every round, the point being to stress the loop, except in the users' setting.

@@ -1,0 +1,172 @@
+"""The exported draft round: converter round trip, ONNX Runtime against PyTorch, bad files."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+from ct2_flash.converters import convert_drafter  # noqa: E402
+from ct2_flash.converters.drafter import FLOAT32_TOLERANCE, validation_windows, verify  # noqa: E402
+from ct2_flash.ct2_weights import CT2ModelFile  # noqa: E402
+from ct2_flash.drafter_files import CheckpointError, DrafterMismatchError, target_identity  # noqa: E402
+from ct2_flash.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
+from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
+from ct2_flash.onnx_drafter import EXPORT_FILE, OnnxDrafter  # noqa: E402
+from ct2_flash.whisper_model import SHIPPED_DRAFTERS  # noqa: E402
+
+from .conftest import CLIP_PATHS, LONG_PATH, segments_of  # noqa: E402
+
+SHIPPED = os.path.join(SHIPPED_DRAFTERS, "tiny.en")
+
+
+@pytest.fixture(scope="module")
+def random_checkpoint(model_path, tmp_path_factory):
+    """A one-layer drafter for tiny.en with random weights and a 512-token shortlist."""
+    config = DrafterConfig(target=target_identity(model_path, "tiny.en"), num_layers=1, shortlist_size=512)
+    torch.manual_seed(0)
+    model = FlashDrafterModel(config)
+    model.init_from_target(CT2ModelFile(model_path))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05 * parameter.std().clamp(min=0.1))
+        model.shortlist.copy_(torch.sort(torch.randperm(50256)[:512]).values)
+    directory = str(tmp_path_factory.mktemp("random_checkpoint"))
+    save_checkpoint(model, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def converted(random_checkpoint, model_path, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("converted") / "drafter")
+    manifest = convert_drafter(random_checkpoint, out, model_path, audio=[LONG_PATH], max_positions=60)
+    return out, manifest
+
+
+def test_converter_round_trip(converted):
+    out, manifest = converted
+    files = set(os.listdir(out))
+    assert {"drafter.json", "drafter.safetensors", EXPORT_FILE} <= files
+    for precision in ("float32", "int8"):
+        assert set(manifest.graphs[precision].values()) <= files
+    float32, int8 = manifest.verification["float32"], manifest.verification["int8"]
+    assert float32["positions"] > 10
+    assert float32["top1_agreement"] == 1.0
+    assert float32["max_log_prob_difference"] <= FLOAT32_TOLERANCE
+    # int8 is reported, not required: quantised weights may pick another top token.
+    assert 0.0 <= int8["top1_agreement"] <= 1.0 and len(int8["top1_agreement_by_position"]) == 8
+    stored = json.load(open(os.path.join(out, EXPORT_FILE)))
+    assert stored["opset"] == manifest.opset and stored["verification"]["float32"] == float32
+
+
+def test_converter_refuses_to_overwrite_without_force(converted, random_checkpoint, model_path):
+    out, _ = converted
+    with pytest.raises(FileExistsError, match="--force"):
+        convert_drafter(random_checkpoint, out, model_path, audio=[CLIP_PATHS[0]])
+
+
+def test_cli_converts(random_checkpoint, model_path, tmp_path, capsys):
+    from ct2_flash.cli import main
+
+    out = str(tmp_path / "cli")
+    assert main(["convert-drafter", random_checkpoint, out, "--model", model_path, "--audio", CLIP_PATHS[1]]) == 0
+    assert "float32: top-1 agreement with PyTorch 100.00%" in capsys.readouterr().out
+    assert main(["convert-drafter", random_checkpoint, out, "--model", model_path]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, EXPORT_FILE)), reason="no shipped drafter")
+def test_onnx_round_gives_the_pytorch_proposals_for_the_shipped_drafter(model_path):
+    """The shipped float32 graphs against the PyTorch drafter, anchor by anchor, on test clips."""
+    model = load_checkpoint(SHIPPED, model_path)
+    windows = validation_windows(model_path, [CLIP_PATHS[2], CLIP_PATHS[5]])
+    result = verify(model, SHIPPED, model_path, "float32", windows, max_positions=120)
+    assert result["positions"] > 30
+    assert result["top1_agreement"] == 1.0
+    assert result["max_log_prob_difference"] <= FLOAT32_TOLERANCE
+
+
+def test_float32_graphs_keep_the_transcript_exact(float32_pair, clips, converted, model_path):
+    from ct2_flash.testing import using_drafter
+
+    out, _ = converted
+    flash = float32_pair.flash
+    with using_drafter(flash.model.decoder, OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)):
+        flash.reset_spec_stats()
+        for name in ("clip03_rms.ogg", "clip08_slt.ogg"):
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+        assert flash.spec_stats.proposed > 0
+
+
+def _copy(source, tmp_path, name):
+    target = tmp_path / name
+    shutil.copytree(source, target)
+    return str(target)
+
+
+def test_bad_files_fail_at_load_with_the_file_and_the_fix(converted, model_path, tmp_path):
+    out, manifest = converted
+    propose = manifest.graphs["int8"]["propose"]
+
+    truncated = _copy(out, tmp_path, "truncated")
+    path = os.path.join(truncated, propose)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match=rf"(?s)cannot load drafter graph .*{propose}.*convert-drafter"):
+        OnnxDrafter(truncated, model_path)
+
+    missing = _copy(out, tmp_path, "missing")
+    os.remove(os.path.join(missing, propose))
+    with pytest.raises(CheckpointError, match=rf"{propose} is missing.*convert-drafter"):
+        OnnxDrafter(missing, model_path)
+
+    no_manifest = _copy(out, tmp_path, "no_manifest")
+    os.remove(os.path.join(no_manifest, EXPORT_FILE))
+    with pytest.raises(CheckpointError, match="no exported graphs.*convert-drafter"):
+        OnnxDrafter(no_manifest, model_path)
+
+    future = _copy(out, tmp_path, "future_opset")
+    graph = onnx.load(os.path.join(future, propose))
+    graph.opset_import[0].version = 99  # an opset no installed ONNX Runtime implements
+    onnx.save(graph, os.path.join(future, propose))
+    with pytest.raises(CheckpointError, match=r"(?s)cannot load drafter graph.*upgrade onnxruntime"):
+        OnnxDrafter(future, model_path)
+
+    foreign = _copy(out, tmp_path, "foreign")
+    config = json.load(open(os.path.join(foreign, "drafter.json")))
+    config["target"]["vocab_size"] = 51865
+    json.dump(config, open(os.path.join(foreign, "drafter.json"), "w"))
+    with pytest.raises(DrafterMismatchError, match="vocab_size: drafter 51865 vs model 51864"):
+        OnnxDrafter(foreign, model_path)
+
+
+def test_model_runs_a_converted_directory_without_pytorch_modules(converted, model_path):
+    from ct2_flash import FlashWhisperModel
+
+    out, _ = converted
+    flash = FlashWhisperModel(model_path, compute_type="int8", drafter=out)
+    assert isinstance(flash.drafter, OnnxDrafter)
+
+
+def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
+    """advance() after a rollback keeps exactly the rows before the new cache length."""
+    from ct2_flash.drafting import DraftWindow, GreedyOptions
+    from ct2_flash.flash_drafter import FlashDrafter
+
+    out, _ = converted
+    rng = np.random.default_rng(0)
+    window = DraftWindow(rng.normal(size=(200, 384)).astype(np.float32), (50257, 50362), GreedyOptions(), 50256)
+    exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
+    reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
+    states = rng.normal(size=(12, 384)).astype(np.float32)
+    for drafter in (exported, reference):
+        drafter.begin(window)
+        drafter.advance(states[:6], 7)  # the prompt's last position and 5 tokens
+        drafter.advance(states[6:8], 5)  # rolled back to 3 kept, then 2 new
+    a, b = exported.propose([1, 2, 3], 8), reference.propose([1, 2, 3], 8)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-4)

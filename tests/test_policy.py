@@ -1,0 +1,140 @@
+"""Which way a call goes (speculative loop or generate()) and how many drafts a round verifies."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ct2_flash.draft_length import DraftLengthPolicy
+from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, SpeculationPolicy
+
+from .conftest import segments_of
+
+
+def _run(policy, calls, speculative_cost, generate_cost):
+    """Drive the policy with fixed per-token costs; returns the way each call went."""
+    ways = []
+    for _ in range(calls):
+        way = policy.speculate(1)
+        ways.append(way)
+        policy.record(way, 1, speculative_cost if way else generate_cost, 1)
+    return ways
+
+
+def test_measures_both_ways_then_keeps_the_cheaper_and_probes_rarely():
+    ways = _run(SpeculationPolicy(), 200, speculative_cost=2.0, generate_cost=1.0)
+    assert ways[:2] == [True, False]  # one measurement each
+    probes = [i for i, way in enumerate(ways) if way and i > 0]
+    gaps = np.diff(probes)
+    assert probes[0] <= 2 + FIRST_PROBE_INTERVAL  # the first probe comes soon
+    assert gaps[0] == 2 * FIRST_PROBE_INTERVAL and all(b >= a for a, b in zip(gaps, gaps[1:]))  # then rarer
+    assert max(gaps) <= MAX_PROBE_INTERVAL + 1
+    assert sum(ways) <= 8  # under 4% of 200 calls speculative
+
+
+def test_keeps_speculating_when_it_is_cheaper():
+    ways = _run(SpeculationPolicy(), 100, speculative_cost=0.5, generate_cost=1.0)
+    assert sum(not way for way in ways) <= 7
+
+
+def test_switches_when_the_costs_change():
+    policy = SpeculationPolicy()
+    _run(policy, 50, speculative_cost=0.5, generate_cost=1.0)
+    later = _run(policy, 200, speculative_cost=3.0, generate_cost=1.0)
+    assert not any(later[-100:-1]) or sum(later[-100:]) <= 3
+
+
+def test_disabled_policy_always_speculates():
+    assert all(_run(SpeculationPolicy(enabled=False), 20, 5.0, 1.0))
+
+
+def test_batches_are_compared_with_generate_at_their_own_size():
+    policy = SpeculationPolicy()
+    _run(policy, 10, speculative_cost=0.5, generate_cost=1.0)
+    assert policy.speculate(8) is False  # no generate() measurement at batch 8 yet
+
+
+class ForcedGenerate(SpeculationPolicy):
+    def speculate(self, batch_size):
+        return False
+
+
+class ForcedSpeculation(SpeculationPolicy):
+    def speculate(self, batch_size):
+        return True
+
+
+@pytest.mark.parametrize("policy", [ForcedGenerate, ForcedSpeculation])
+def test_either_way_gives_faster_whisper_output(float32_pair, clips, policy):
+    """A never-agreeing drafter with calls sent to generate() or to the loop: same segments."""
+    from ct2_flash.testing import RandomDrafter, using_drafter
+
+    pair = float32_pair
+    flash = pair.flash
+    saved = flash.model.policy
+    flash.model.policy = policy()
+    try:
+        with using_drafter(flash.model.decoder, RandomDrafter(vocab_size=51864, seed=3)):
+            flash.reset_spec_stats()
+            name = "clip06_awb.ogg"
+            got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
+            assert got == pair.reference(name, clips[name], beam_size=1, without_timestamps=True)
+            stats = flash.spec_stats
+            if policy is ForcedGenerate:
+                assert stats.generate_rows > 0 and stats.generate_calls == 0 and stats.draft_rounds == 0
+            else:
+                assert stats.generate_rows == 0 and stats.draft_rounds > 0
+    finally:
+        flash.model.policy = saved
+
+
+def test_generate_way_is_token_identical_at_int8_too(pair, clips):
+    """generate() is faster-whisper's own call, so even int8 matches exactly."""
+    flash = pair.flash
+    saved = flash.model.policy
+    flash.model.policy = ForcedGenerate()
+    try:
+        for name in ("clip02_awb.ogg", "clip11_rms.ogg"):
+            assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1)
+    finally:
+        flash.model.policy = saved
+
+
+def _expected_best(acceptance, cost):
+    """Brute force: the n maximising (1 + sum_j prod_{i<=j} q_i) / cost(n)."""
+    best, best_rate = 0, -1.0
+    for n in range(len(acceptance) + 1):
+        expected = 1 + sum(math.prod(acceptance[: j + 1]) for j in range(n))
+        if expected / cost(n) > best_rate + 1e-12:
+            best, best_rate = n, expected / cost(n)
+    return best
+
+
+@pytest.mark.parametrize("confidences, slope", [
+    ([0.95] * 8, 0.07), ([0.95] * 8, 0.5), ([0.9, 0.8, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9], 0.1),
+    ([0.05] * 8, 0.1), ([0.6, 0.6, 0.6], 0.2), ([], 0.1),
+])
+def test_draft_length_maximises_expected_tokens_per_second(confidences, slope):
+    policy = DraftLengthPolicy()
+    rng = np.random.default_rng(0)
+    cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds: a step of 5 ms
+    # Verifications of every length, each accepting as the calibration says (q = p here).
+    for _ in range(400):
+        n = int(rng.integers(0, 9))
+        probs = rng.uniform(0.01, 1.0, size=n)
+        accepted = 0
+        while accepted < n and rng.random() < probs[accepted]:
+            accepted += 1
+        policy.observe(np.log(probs), accepted, accepted < n, cost(n))
+    fitted_slope, intercept = policy._fit()
+    assert fitted_slope / intercept == pytest.approx(slope, rel=1e-6)
+    log_probs = np.log(confidences) if confidences else []
+    assert policy.choose(log_probs) == _expected_best(list(policy.acceptance(log_probs)), cost)
+
+
+def test_calibration_learns_an_overconfident_drafter():
+    policy = DraftLengthPolicy()
+    for _ in range(200):  # says 0.95, is right a fifth of the time
+        policy.observe([math.log(0.95)], int(np.random.default_rng(_).random() < 0.2), True, 0.005)
+    assert policy.acceptance([math.log(0.95)])[0] < 0.3
+    assert policy.choose([math.log(0.95)] * 8) <= 1
