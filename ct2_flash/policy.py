@@ -32,13 +32,11 @@ class SpeculationPolicy:
     race between two threads only changes which way one call goes, never its tokens).
 
     Attributes:
-        enabled: False sends every call through the speculative loop (``adaptive=False``).
         speculative_cost: running seconds per token of speculative calls, None before one.
         generate_cost: batch size -> running seconds per token of ``generate()`` calls (rows
             of a batch share one call, which is cheaper per token than one row at a time).
     """
 
-    enabled: bool = True
     speculative_cost: Optional[float] = None
     generate_cost: Dict[int, float] = field(default_factory=dict)
     calls: int = 0
@@ -48,7 +46,7 @@ class SpeculationPolicy:
 
     def speculate(self, batch_size: int) -> bool:
         """Whether the next call with ``batch_size`` rows should run speculatively."""
-        if not self.enabled or self.speculative_cost is None:
+        if self.speculative_cost is None:
             return True
         generate_cost = self.generate_cost.get(batch_size)
         if generate_cost is None:

@@ -41,6 +41,7 @@ _GREEDY_DEFAULTS: Dict[str, Any] = {
     "no_repeat_ngram_size": 0,
     "return_logits_vocab": False,
 }
+_BEAM_SEARCH = "beam search is not speculative"
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty")
 
 # Default guard margins (logits), by how far a multi-token row can be from a single step:
@@ -94,7 +95,11 @@ class SpeculativeWhisper:
         if reason is not None:
             if reason not in self._fallback_reasons_logged:
                 self._fallback_reasons_logged.add(reason)
-                logger.info("ct2-flash: %s; using CTranslate2's own generate() for such calls", reason)
+                # faster-whisper's transcribe() defaults to beam_size=5, so a user who only
+                # swapped the class gets no speculation at all: say so where it is seen.
+                log = logger.warning if reason == _BEAM_SEARCH else logger.info
+                log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason,
+                    " (pass beam_size=1 to transcribe() for speculative greedy decoding)" if reason == _BEAM_SEARCH else "")
             self.stats.fallback_calls += 1
             return self._model.generate(features, prompts, **kwargs)
 
@@ -103,7 +108,8 @@ class SpeculativeWhisper:
             **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
         )
         encoder_output = self._encoded(features)
-        speculative = self.policy.speculate(len(prompts))
+        # Without adaptive (and while tests swap drafters in) every call drafts.
+        speculative = self.policy.speculate(len(prompts)) if self.decoder.adaptive else True
         started = time.perf_counter()
         if speculative:
             results = self._speculative_rows(encoder_output, prompts, options, kwargs)
@@ -140,7 +146,7 @@ class SpeculativeWhisper:
 
     def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
         if kwargs.get("beam_size", 5) != 1:
-            return "beam search is not speculative"
+            return _BEAM_SEARCH
         if kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0:
             return "temperature sampling is not speculative yet"
         for name, default in _GREEDY_DEFAULTS.items():
@@ -231,7 +237,7 @@ class FlashWhisperModel(WhisperModel):
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin)
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy(enabled=adaptive))
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy())
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""

@@ -11,6 +11,16 @@ from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, Speculati
 from .conftest import segments_of
 
 
+class ForcedGenerate(SpeculationPolicy):
+    def speculate(self, batch_size):
+        return False
+
+
+class ForcedSpeculation(SpeculationPolicy):
+    def speculate(self, batch_size):
+        return True
+
+
 def _run(policy, calls, speculative_cost, generate_cost):
     """Drive the policy with fixed per-token costs; returns the way each call went."""
     ways = []
@@ -44,24 +54,22 @@ def test_switches_when_the_costs_change():
     assert not any(later[-100:-1]) or sum(later[-100:]) <= 3
 
 
-def test_disabled_policy_always_speculates():
-    assert all(_run(SpeculationPolicy(enabled=False), 20, 5.0, 1.0))
+def test_without_adaptive_every_call_speculates(float32_pair, clips):
+    flash = float32_pair.flash
+    saved = flash.model.policy, flash.model.decoder.adaptive
+    flash.model.policy, flash.model.decoder.adaptive = ForcedGenerate(), False
+    try:
+        flash.reset_spec_stats()
+        segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
+        assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
+    finally:
+        flash.model.policy, flash.model.decoder.adaptive = saved
 
 
 def test_batches_are_compared_with_generate_at_their_own_size():
     policy = SpeculationPolicy()
     _run(policy, 10, speculative_cost=0.5, generate_cost=1.0)
     assert policy.speculate(8) is False  # no generate() measurement at batch 8 yet
-
-
-class ForcedGenerate(SpeculationPolicy):
-    def speculate(self, batch_size):
-        return False
-
-
-class ForcedSpeculation(SpeculationPolicy):
-    def speculate(self, batch_size):
-        return True
 
 
 @pytest.mark.parametrize("policy", [ForcedGenerate, ForcedSpeculation])
@@ -74,7 +82,7 @@ def test_either_way_gives_faster_whisper_output(float32_pair, clips, policy):
     saved = flash.model.policy
     flash.model.policy = policy()
     try:
-        with using_drafter(flash.model.decoder, RandomDrafter(vocab_size=51864, seed=3)):
+        with using_drafter(flash.model.decoder, RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
             flash.reset_spec_stats()
             name = "clip06_awb.ogg"
             got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)

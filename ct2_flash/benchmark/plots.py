@@ -71,6 +71,21 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
     axis.set_title("where the time goes")
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     paths.append(_save(figure, out_dir, "time_split.png"))
+
+    calibrated = [(label, setting["summary"].get("calibration") or []) for label, setting in zip(labels, settings)]
+    if any(table for _, table in calibrated):
+        figure, axes = plt.subplots(1, len(calibrated), figsize=(5 * len(calibrated), 4), squeeze=False)
+        for axis, (label, table) in zip(axes[0], calibrated):
+            for position, cells in enumerate(table[:4]):
+                points = [(c["confidence"], c["observed"]) for c in cells if c["observed"] is not None and c["judged"] >= 5]
+                if points:
+                    axis.plot(*zip(*points), marker="o", label=f"position {position + 1}")
+            axis.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--", label="calibrated")
+            axis.set_xlabel("drafter's probability of its token (bin centre)")
+            axis.set_ylabel("observed acceptance (bins with >= 5 judged)")
+            axis.set_title(f"draft calibration, {label}")
+            axis.legend(fontsize=7)
+        paths.append(_save(figure, out_dir, "calibration.png"))
     return paths
 
 

@@ -249,6 +249,11 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "drafting_stopped": counts.windows_drafting_stopped,
         "drafting_resumed": counts.drafting_resumed,
         "rows_rechecked": counts.rows_rechecked,
+        # Which way the calls went (SpeculationPolicy): rows of the speculative loop and rows
+        # sent to CTranslate2's generate(); timing-dependent, from the first repeat.
+        "speculative_rows": counts.generate_calls,
+        "generate_rows": counts.generate_rows,
+        "calibration": [[list(cell) for cell in position] for position in counts.calibration],
         "proposed_by_position": list(counts.proposed_by_position),
         "accepted_by_position": list(counts.accepted_by_position),
     }
@@ -320,9 +325,28 @@ def summarise(rows: Sequence[dict]) -> dict:
         "drafting_stopped": sum(r["drafting_stopped"] for r in rows),
         "drafting_resumed": sum(r["drafting_resumed"] for r in rows),
         "rows_rechecked": sum(r["rows_rechecked"] for r in rows),
+        "speculative_rows": sum(r.get("speculative_rows", 0) for r in rows),
+        "generate_rows": sum(r.get("generate_rows", 0) for r in rows),
+        "draft_round_ms": _ratio(1e3 * sum(r["flash"]["drafter"] for r in rows), sum(r["draft_rounds"] for r in rows)),
+        "calibration": _calibration(rows),
         "systems": systems,
         "buckets": buckets,
     }
+
+
+def _calibration(rows: Sequence[dict]) -> List[List[dict]]:
+    """Per draft position and drafter-confidence bin: judged positions and the observed
+    acceptance (a position is judged when every draft before it was accepted)."""
+    from ..draft_length import CONFIDENCE_BINS
+
+    positions = max((len(r.get("calibration", [])) for r in rows), default=0)
+    counts = np.zeros((positions, CONFIDENCE_BINS, 2), dtype=np.int64)
+    for r in rows:
+        for position, cells in enumerate(r.get("calibration", [])):
+            counts[position] += np.asarray(cells, dtype=np.int64)
+    return [[{"confidence": (b + 0.5) / CONFIDENCE_BINS, "judged": int(counts[p, b, 0]),
+              "observed": _ratio(int(counts[p, b, 1]), int(counts[p, b, 0]))}
+             for b in range(CONFIDENCE_BINS)] for p in range(positions)]
 
 
 def run(config: BenchConfig, utterances: Sequence[Utterance], progress: bool = True) -> dict:

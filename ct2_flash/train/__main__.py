@@ -38,7 +38,7 @@ def main() -> None:
     export.add_argument("--out", required=True)
     export.add_argument("--skip", type=int, default=48, help="validation utterances used for checkpoint selection")
     export.add_argument("--count", type=int, default=40)
-    ship = steps.add_parser("ship", help="copy a run's best checkpoint (float16) and its report into the package")
+    ship = steps.add_parser("ship", help="convert a run's best checkpoint (float16 + ONNX graphs) into the package, with its report")
     ship.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
     ship.add_argument("--model", default="tiny.en")
     report = steps.add_parser("report", help="training report and curves for a run")
@@ -72,16 +72,15 @@ def main() -> None:
 
         logging.info("wrote %s", export_validation(args.data, args.out, args.skip, args.count))
     elif args.step == "ship":
-        import torch
-
-        from ..flash_drafter import load_checkpoint, save_checkpoint
+        from ..converters import convert_drafter
         from ..models import resolve_model
         from ..whisper_model import SHIPPED_DRAFTERS
         from .report import write_report
 
         run = args.run or os.path.join(args.data, "runs", "main")
         destination = os.path.join(SHIPPED_DRAFTERS, args.model)
-        save_checkpoint(load_checkpoint(os.path.join(run, "best"), resolve_model(args.model)), destination, torch.float16)
+        # float16 weights, the exported graphs and their check against PyTorch (converters/).
+        convert_drafter(os.path.join(run, "best"), destination, resolve_model(args.model), force=True)
         write_report(args.data, run, destination)
         logging.info("shipped %s as the default drafter of %s (%s)", run, args.model, destination)
     elif args.step == "report":

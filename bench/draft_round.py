@@ -1,0 +1,123 @@
+"""What a draft round costs inside the loop: PyTorch eager against the exported graphs.
+
+Each drafter runs the speculative loop on the same utterances (drafting every round, one
+model, K = 8, no guard), with the round's parts timed where the loop calls them: the proposal,
+the history update and the recovery of the target's states from its logits. A plain step
+(a drafter that proposes nothing) is timed in the same run, so every cost is also given as a
+fraction of a step. Writes JSON.
+
+    python bench/draft_round.py --speech-set mfa --limit 20 --out bench/results/draft_round.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def _timed(owner, name: str, times: list) -> None:
+    """Record the wall time of every call of ``owner.name`` into ``times`` (an instance patch)."""
+    function = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - started)
+
+    setattr(owner, name, wrapper)
+
+
+def _drafters(model_path: str, directory: str):
+    from ct2_flash.flash_drafter import FlashDrafter, load_checkpoint
+    from ct2_flash.onnx_drafter import OnnxDrafter
+
+    return {
+        "pytorch eager, int8 weights": lambda: FlashDrafter(load_checkpoint(directory, model_path), precision="int8"),
+        "onnx runtime, float32 graphs": lambda: OnnxDrafter(directory, model_path, precision="float32"),
+        "onnx runtime, int8 graphs": lambda: OnnxDrafter(directory, model_path, precision="int8"),
+    }
+
+
+def main() -> None:
+    from ct2_flash import Drafter, FlashWhisperModel, Proposal, resolve_model
+    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.runner import load_audio
+    from ct2_flash.benchmark.speech_sets import fetch
+    from ct2_flash.testing import using_drafter
+    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--speech-set", default="mfa", choices=["mfa", "pocketsphinx"])
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drafter", default=os.path.join(SHIPPED_DRAFTERS, "tiny.en"))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    class NoDrafts(Drafter):
+        def begin(self, window) -> None:
+            pass
+
+        def propose(self, generated, num_tokens) -> Proposal:
+            return Proposal(tokens=())
+
+    model_path = resolve_model("tiny.en")
+    utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
+    audio = load_audio(utterances)
+    flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
+                              decoder_threads=None, adaptive=False, guard_margin=0.0)
+    decoder = flash.model.decoder
+    makers = {"plain steps": NoDrafts, **_drafters(model_path, args.drafter)}
+    results = {}
+    for name, make in makers.items():
+        drafter = make()
+        times = defaultdict(list)
+        if name != "plain steps":
+            for method in ("propose", "advance", "begin"):
+                _timed(drafter, method, times[method])
+        _timed(decoder.runtime, "states_from_columns", times["recovery"])
+        with using_drafter(decoder, drafter):
+            list(flash.transcribe(audio[utterances[0].path], beam_size=1)[0])  # warm-up
+            for values in times.values():
+                values.clear()
+            flash.reset_spec_stats()
+            for utterance in utterances:
+                list(flash.transcribe(audio[utterance.path], beam_size=1)[0])
+        del decoder.runtime.states_from_columns  # drop the instance patch
+        stats = flash.spec_stats
+        results[name] = {
+            "rounds": stats.draft_rounds, "target_calls": stats.target_calls,
+            "tokens_per_target_call": stats.tokens_per_call, "acceptance_rate": stats.acceptance_rate,
+            "verify_ms_per_call": 1e3 * stats.verify_seconds / stats.target_calls,
+            "other_ms_per_call": 1e3 * stats.other_seconds / stats.target_calls,
+            **{f"{part}_ms": 1e3 * statistics.fmean(values) for part, values in times.items() if values},
+        }
+    step = results["plain steps"]["verify_ms_per_call"]
+    for name, result in results.items():
+        if name != "plain steps":
+            round_ms = result["propose_ms"] + result["advance_ms"] + result.get("recovery_ms", 0.0)
+            result["draft_round_ms"] = round_ms
+            result["draft_round_in_steps"] = round_ms / step
+    document = {"what": "in-loop draft round cost (propose + history update + state recovery) per drafter",
+                "speech_set": args.speech_set, "utterances": len(utterances), "compute_type": args.compute_type,
+                "threads": args.threads, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+                "plain_step_ms": step, "results": results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+    for name, result in results.items():
+        print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
+
+
+if __name__ == "__main__":
+    main()
