@@ -47,6 +47,30 @@ def _drafters(model_path: str, directory: str):
     }
 
 
+def _plot_calibration(table, path: str, title: str) -> None:
+    """Predicted (the drafter's probability, bin centre) against observed acceptance, by position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ct2_flash.draft_length import CONFIDENCE_BINS
+
+    figure, axis = plt.subplots(figsize=(5.5, 4.5))
+    for position, cells in enumerate(table[:4]):
+        points = [((b + 0.5) / CONFIDENCE_BINS, accepted / judged) for b, (judged, accepted) in enumerate(cells) if judged >= 5]
+        if points:
+            axis.plot(*zip(*points), marker="o", label=f"position {position + 1}")
+    axis.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--", label="calibrated")
+    axis.set_xlabel("drafter's probability of its token (bin centre)")
+    axis.set_ylabel("observed acceptance (bins with >= 5 judged)")
+    axis.set_title(f"draft calibration: {title}", fontsize=9)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main() -> None:
     from ct2_flash import Drafter, FlashWhisperModel, Proposal, resolve_model
     from ct2_flash.benchmark.manifest import read_manifest
@@ -101,6 +125,8 @@ def main() -> None:
             "verify_ms_per_call": 1e3 * stats.verify_seconds / stats.target_calls,
             "other_ms_per_call": 1e3 * stats.other_seconds / stats.target_calls,
             **{f"{part}_ms": 1e3 * statistics.fmean(values) for part, values in times.items() if values},
+            # judged / accepted draft positions by confidence bin, per position
+            "calibration": [[list(cell) for cell in position] for position in stats.calibration],
         }
     step = results["plain steps"]["verify_ms_per_call"]
     for name, result in results.items():
@@ -115,6 +141,8 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as stream:
         json.dump(document, stream, indent=2)
+    _plot_calibration(results["onnx runtime, int8 graphs"]["calibration"], args.out.rsplit(".", 1)[0] + "_calibration.png",
+                      f"{args.speech_set}, {args.compute_type}, int8 graphs")
     for name, result in results.items():
         print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
 

@@ -54,7 +54,7 @@ def main() -> None:
     audio = decode_audio(os.path.join(ROOT, "tests", "data", "clip12_awb.ogg"))
     encoder_output = flash.encode_window(audio)
     prompt = [50257]
-    reference = flash.model._model.generate(encoder_output, [prompt], beam_size=1)[0].sequences_ids[0]
+    reference = flash.reference_model.generate(encoder_output, [prompt], beam_size=1)[0].sequences_ids[0]
     tokens = list(reference[:60])
     prefill = runtime.start(encoder_output, prompt)
     states = runtime.decoder_states(np.concatenate([prefill.next_logits[None], prefill.sequence.verify(tokens)]))

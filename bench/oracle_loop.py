@@ -39,7 +39,7 @@ def run(compute_type: str, threads: int, repeats: int, k: int, clips: dict, draf
     flashes = {}
     for name, error_rate in SYSTEMS.items():
         flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, num_draft_tokens=k)
-        flash.model.decoder.drafter = OracleDrafter(flash.model._model, error_rate=error_rate, seed=0)
+        flash.model.decoder.drafter = OracleDrafter(flash.reference_model, error_rate=error_rate, seed=0)
         flashes[name] = flash
     if drafter_dir:  # a trained Whisper-Flash drafter, next to the oracle ceiling
         flashes["whisper-flash"] = FlashWhisperModel(

@@ -152,3 +152,13 @@ def cut_by_confidence(proposal: Proposal, min_confidence: float) -> Proposal:
         return proposal
     keep = int(np.sum(np.cumsum(proposal.log_probs) >= math.log(min_confidence)))
     return Proposal(tokens=proposal.tokens[:keep], log_probs=proposal.log_probs[:keep])
+
+
+def check_round_options(precision: str, precisions: Sequence[str], min_confidence: float, threads: int) -> None:
+    """The options every trained drafter's round takes, checked once at construction."""
+    if precision not in precisions:
+        raise ValueError(f"precision must be one of {tuple(precisions)}, got {precision!r}")
+    if not 0.0 <= min_confidence < 1.0:
+        raise ValueError("min_confidence must be in [0, 1)")
+    if threads < 1:
+        raise ValueError("threads must be >= 1")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .drafting import Drafter, DraftWindow, Proposal, cut_by_confidence
+from .drafting import Drafter, DraftWindow, Proposal, check_round_options, cut_by_confidence
 from .drafter_files import (  # noqa: F401 (re-exported)
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -162,12 +162,7 @@ class FlashDrafter(Drafter):
     def __init__(self, model: FlashDrafterModel, precision: Optional[str] = None, min_confidence: float = 0.1,
                  use_shortlist: bool = True, threads: int = 1, bfloat16_keys: Optional[bool] = None) -> None:
         precision = precision or default_precision()
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if not 0.0 <= min_confidence < 1.0:
-            raise ValueError("min_confidence must be in [0, 1)")
-        if threads < 1:
-            raise ValueError("threads must be >= 1")
+        check_round_options(precision, PRECISIONS, min_confidence, threads)
         self.threads = threads
         self.precision = precision
         self.dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32  # activations

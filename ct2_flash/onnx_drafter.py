@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .drafter_files import CheckpointError, DrafterConfig, check_target, read_config, target_identity
-from .drafting import Drafter, DraftWindow, Proposal, cut_by_confidence
+from .drafting import Drafter, DraftWindow, Proposal, check_round_options, cut_by_confidence
 
 EXPORT_FILE = "export.json"
 GRAPHS = ("audio", "history", "propose")
@@ -136,12 +136,7 @@ class OnnxDrafter(Drafter):
 
     def __init__(self, directory: str, model_path: str, precision: str = "int8", min_confidence: float = 0.1,
                  threads: int = 1, device: str = "cpu") -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if not 0.0 <= min_confidence < 1.0:
-            raise ValueError("min_confidence must be in [0, 1)")
-        if threads < 1:
-            raise ValueError("threads must be >= 1")
+        check_round_options(precision, PRECISIONS, min_confidence, threads)
         config: DrafterConfig = read_config(directory)
         check_target(config, target_identity(model_path, os.path.basename(os.path.normpath(model_path))))
         manifest = ExportManifest.read(directory)

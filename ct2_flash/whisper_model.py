@@ -10,12 +10,13 @@ word timestamps, prompts, fallback, long audio) behaves as in faster-whisper.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import ctranslate2
 import numpy as np
@@ -45,7 +46,7 @@ _BEAM_SEARCH = "beam search is not speculative"
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty")
 
 # Default guard margins (logits), by how far a multi-token row can be from a single step:
-# DESIGN.md measured at most 5e-5 at float32 and up to ~0.7-1 at int8.
+# measured at most 5e-5 at float32 and up to ~0.6-1 at int8 (tiny.en, blocks of 9).
 FLOAT32_GUARD = 1e-3
 QUANTIZED_GUARD = 2.0
 # decoder_threads="auto" splits off a one-thread decoder for models up to this width.
@@ -63,9 +64,11 @@ class FlashGenerationResult:
 
 
 class SpeculativeWhisper:
-    """A ``ctranslate2.models.Whisper`` whose greedy ``generate()`` is speculative.
+    """A ``ctranslate2.models.Whisper`` whose greedy ``generate()`` may run speculatively.
 
-    Every attribute not defined here is the wrapped model's.
+    ``policy`` decides per call (when the decoder is adaptive) whether the rows go through the
+    speculative loop or to the wrapped model's own ``generate()``. Every attribute not
+    defined here is the wrapped model's.
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
@@ -171,11 +174,14 @@ class FlashWhisperModel(WhisperModel):
             directory. Nothing is ever downloaded.
         *args, **kwargs: every ``WhisperModel`` constructor argument (device, compute_type,
             cpu_threads, ...).
-        drafter: a ``Drafter``, or the directory of a Whisper-Flash checkpoint
-            (``drafter.json`` + ``drafter.safetensors``). None uses the trained drafter shipped
-            for this model if there is one (``ct2_flash/drafters/<name>/``), otherwise
-            ``PromptLookupDrafter``, a zero-cost built-in that only helps on repeated phrases.
-        num_draft_tokens: K, the most tokens proposed per verification (default 8).
+        drafter: a ``Drafter``, or the directory of a Whisper-Flash drafter: a converted one
+            (``ct2-flash convert-drafter``; its ONNX graphs run in ONNX Runtime) or a training
+            checkpoint (``drafter.json`` + ``drafter.safetensors``, run in PyTorch, which needs
+            the ``[train]`` extra). None uses the drafter shipped for this model if there is
+            one (``ct2_flash/drafters/<name>/``), otherwise ``PromptLookupDrafter``, a
+            zero-cost built-in that only helps on repeated phrases.
+        num_draft_tokens: K, the most tokens proposed per verification (default 8; clamped,
+            with a warning, to what the drafter was trained for).
         adaptive: send a call to CTranslate2's own ``generate()`` when speculation measured
             slower per token (``policy.SpeculationPolicy``), and pause drafting inside a window
             while it measures slower than plain steps (``decoding.DraftGovernor``). The tokens
@@ -225,6 +231,11 @@ class FlashWhisperModel(WhisperModel):
                 f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens but the "
                 f"model in {model_path} has {special.vocab_size}: use a drafter trained for this model"
             )
+        trained = getattr(drafter, "num_draft_tokens", None)
+        if trained is not None and num_draft_tokens > trained:
+            logger.warning("ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",
+                           num_draft_tokens, trained, trained)
+            num_draft_tokens = trained
         config = _load_config(model_path)
         runtime = TargetRuntime(
             self._decoder_model(model_path, decoder_threads),
@@ -263,6 +274,30 @@ class FlashWhisperModel(WhisperModel):
     @property
     def drafter(self) -> Drafter:
         return self.model.decoder.drafter
+
+    @property
+    def reference_model(self):
+        """The ``ctranslate2.models.Whisper`` that faster-whisper's own calls use (encoder,
+        ``generate()``, alignment): plain greedy on it is the output ct2-flash must equal."""
+        return self.model._model
+
+    @contextlib.contextmanager
+    def use_drafter(self, drafter: Drafter, adaptive: bool = False) -> Iterator[Drafter]:
+        """Decode with ``drafter`` inside the block, then restore the model's own.
+
+        ``adaptive`` is off by default so that every call drafts every round: comparing
+        drafters wants them exercised, not the timing-dependent policy and governor.
+        """
+        decoder = self.model.decoder
+        if drafter.vocab_size is not None and drafter.vocab_size != decoder.runtime.special.vocab_size:
+            raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, "
+                             f"the model has {decoder.runtime.special.vocab_size}")
+        saved = (decoder.drafter, decoder.adaptive)
+        decoder.drafter, decoder.adaptive = drafter, adaptive
+        try:
+            yield drafter
+        finally:
+            decoder.drafter, decoder.adaptive = saved
 
     @property
     def spec_stats(self) -> SpecStats:

@@ -154,3 +154,30 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
         assert (model.model.decoder.runtime.model is not model.model._model) is splits
     single = FlashWhisperModel(model_path, compute_type="int8", decoder_threads=None)
     assert single.model.decoder.runtime.model is single.model._model
+
+
+def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_path, caplog):
+    from ct2_flash import FlashWhisperModel
+
+    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
+        flash = FlashWhisperModel(model_path, compute_type="int8", num_draft_tokens=12)
+    assert flash.model.decoder.num_draft_tokens == flash.drafter.num_draft_tokens == 8
+    assert any("proposes at most 8 per round" in r.getMessage() for r in caplog.records)
+
+
+def test_use_drafter_swaps_and_restores(float32_pair, clips):
+    from ct2_flash.testing import RandomDrafter
+
+    flash = float32_pair.flash
+    before, adaptive = flash.drafter, flash.model.decoder.adaptive
+    with flash.use_drafter(RandomDrafter(51864, seed=1)) as drafter:
+        assert flash.drafter is drafter and flash.model.decoder.adaptive is False
+        flash.reset_spec_stats()
+        name = "clip01_slt.ogg"
+        assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+        assert flash.spec_stats.proposed > 0
+    assert flash.drafter is before and flash.model.decoder.adaptive is adaptive
+    with pytest.raises(ValueError, match="vocabulary of 100 tokens"):
+        with flash.use_drafter(RandomDrafter(100, vocab_size_check=100)):
+            pass
+    assert flash.reference_model is flash.model._model

@@ -1,14 +1,16 @@
 """The timed runs: plain faster-whisper greedy against ``FlashWhisperModel`` on the same audio.
 
-Both systems run in one process on audio decoded once, after a warm-up, interleaved per
-utterance (the order alternates, so slow drift of the machine hits both alike), for several
-repeats; per utterance the median over repeats is used. The decode part is the time inside
+Both systems (and, with ``--stock``, faster-whisper on stock CTranslate2 in a worker process)
+run on audio decoded once, after a warm-up, interleaved per utterance in every order of the
+systems in turn (slow drift of the machine, and the spinning workers a call leaves behind, hit
+all alike), for several repeats; per utterance the median over repeats is used. The decode part is the time inside
 ``generate()`` (encoder output to last token), the whole path is waveform to segments.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import platform
 import statistics
@@ -97,7 +99,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     if drafter == "oracle":
         from ..testing import OracleDrafter
 
-        flash.model.decoder.drafter = OracleDrafter(flash.model._model)
+        flash.model.decoder.drafter = OracleDrafter(flash.reference_model)
     return flash
 
 
@@ -186,7 +188,7 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
 
 def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
                 repeats: int, description: str, progress: bool) -> List[Dict[str, list]]:
-    """Run every system on every utterance, ``repeats`` times, rotating who goes first.
+    """Run every system on every utterance, ``repeats`` times, in every order of the systems in turn.
 
     Args:
         systems: name -> callable(key, samples, seed) returning that system's result.
@@ -197,12 +199,15 @@ def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], a
     from tqdm import tqdm
 
     runs: List[Dict[str, list]] = [{name: [] for name in systems} for _ in utterances]
-    names = list(systems)
+    # Every order of the systems in turn: slow drift of the machine hits all alike, and each
+    # system follows each other one equally often (a CTranslate2 call leaves its OpenMP
+    # workers spinning for a while, which slows whatever runs next; with rotations of three
+    # systems one of them followed another two times in three).
+    orders = list(itertools.permutations(systems))
     bar = tqdm(total=repeats * len(utterances), desc=description, disable=not progress)
     for repeat in range(repeats):
         for index, utterance in enumerate(utterances):
-            shift = (repeat + index) % len(names)  # slow drift of the machine hits all alike
-            for name in names[shift:] + names[:shift]:
+            for name in orders[(repeat * len(utterances) + index) % len(orders)]:
                 # Temperature fallback samples inside CTranslate2; the same seed for every
                 # system makes their fallbacks comparable.
                 ctranslate2.set_random_seed(repeat)

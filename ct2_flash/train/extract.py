@@ -56,7 +56,7 @@ def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Di
     audio = np.load(os.path.join(data_dir, "audio", f"{entry['id']}.npy")).astype(np.float32) / 32768.0
     encoder_output = model.encode_window(audio)
     prompt = prompt_for(entry["id"], special)
-    result = model.model._model.generate(encoder_output, [prompt], beam_size=1, max_initial_timestamp_index=50)[0]
+    result = model.reference_model.generate(encoder_output, [prompt], beam_size=1, max_initial_timestamp_index=50)[0]
     tokens = list(result.sequences_ids[0])
     ended = len(tokens) < 224  # stopped on end-of-text, not on the budget
     full = tokens + ([special.eot] if ended else [])
