@@ -9,18 +9,23 @@ adapter asks ``SpeculationPolicy`` per call: it keeps a running cost per token o
 now and then, since the audio or the machine's load can change which wins. The tokens are the
 same either way: ``generate()`` is the call faster-whisper itself makes.
 
-Probing the losing way costs its extra time once per interval; the interval doubles each time a
-probe confirms the loser (up to ``MAX_PROBE_INTERVAL`` calls), so a model whose drafter never
-pays spends under 1% of its decoding on probes.
+Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
+The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles
+each time a probe confirms the loser, up to ``MAX_PROBE_INTERVAL`` calls; so a way that loses
+by 2x (a batch of 16 rows decoded one by one, say) is probed once in 64 calls, and one that
+loses by 5% once in 4, then 8, ... calls.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 FIRST_PROBE_INTERVAL = 4
 MAX_PROBE_INTERVAL = 64
+# The share of decoding time probes may cost (see the module docstring).
+PROBE_BUDGET = 0.01
 # Weight of the newest call in the running cost: recent calls matter (load and audio drift),
 # one odd call does not decide alone.
 SMOOTHING = 0.3
@@ -53,12 +58,14 @@ class SpeculationPolicy:
             return False  # measure the other way once
         self.calls += 1
         winner = self.speculative_cost <= generate_cost
+        loss = max(self.speculative_cost, generate_cost) / max(min(self.speculative_cost, generate_cost), 1e-12) - 1.0
+        affordable = math.ceil(loss / PROBE_BUDGET)  # calls per probe that keep its cost in budget
         if winner != self.last_winner:  # a new leader: probe the other way soon again
             self.last_winner = winner
-            self.probe_interval = FIRST_PROBE_INTERVAL
+            self.probe_interval = min(max(FIRST_PROBE_INTERVAL, affordable), MAX_PROBE_INTERVAL)
             self.next_probe = self.calls + self.probe_interval
         if self.calls >= self.next_probe:
-            self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
+            self.probe_interval = min(max(2 * self.probe_interval, affordable), MAX_PROBE_INTERVAL)
             self.next_probe = self.calls + self.probe_interval
             return not winner
         return winner

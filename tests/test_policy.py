@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ct2_flash.draft_length import DraftLengthPolicy
-from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, SpeculationPolicy
+from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, PROBE_BUDGET, SpeculationPolicy
 
 from .conftest import segments_of
 
@@ -32,7 +32,8 @@ def _run(policy, calls, speculative_cost, generate_cost):
 
 
 def test_measures_both_ways_then_keeps_the_cheaper_and_probes_rarely():
-    ways = _run(SpeculationPolicy(), 200, speculative_cost=2.0, generate_cost=1.0)
+    """A close loser (2% slower) is probed soon, then at doubling intervals."""
+    ways = _run(SpeculationPolicy(), 200, speculative_cost=1.02, generate_cost=1.0)
     assert ways[:2] == [True, False]  # one measurement each
     probes = [i for i, way in enumerate(ways) if way and i > 0]
     gaps = np.diff(probes)
@@ -40,6 +41,18 @@ def test_measures_both_ways_then_keeps_the_cheaper_and_probes_rarely():
     assert gaps[0] == 2 * FIRST_PROBE_INTERVAL and all(b >= a for a, b in zip(gaps, gaps[1:]))  # then rarer
     assert max(gaps) <= MAX_PROBE_INTERVAL + 1
     assert sum(ways) <= 8  # under 4% of 200 calls speculative
+
+
+@pytest.mark.parametrize("loss", [0.3, 1.0, 3.0])
+def test_probes_of_a_clear_loser_stay_within_the_budget(loss):
+    """The probes' extra time stays near PROBE_BUDGET of the decoding (at most one probe per
+    MAX_PROBE_INTERVAL calls, however large the loss)."""
+    calls = 300
+    ways = _run(SpeculationPolicy(), calls, speculative_cost=1.0 + loss, generate_cost=1.0)
+    probes = sum(ways[2:])
+    interval = min(max(math.ceil(loss / PROBE_BUDGET), FIRST_PROBE_INTERVAL), MAX_PROBE_INTERVAL)
+    assert probes <= math.ceil(calls / interval)
+    assert probes * loss / calls <= max(PROBE_BUDGET, loss / MAX_PROBE_INTERVAL) * 1.2
 
 
 def test_keeps_speculating_when_it_is_cheaper():
