@@ -122,8 +122,10 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{setting['compute_type']}, {setting['threads']} thread(s), {setting['drafter']}: "
               f"decode {decode['speedup']:.2f}x [{decode['low']:.2f}, {decode['high']:.2f}], "
               f"whole {whole['speedup']:.2f}x [{whole['low']:.2f}, {whole['high']:.2f}], "
-              f"identical {identity['identical']}/{identity['of']}, "
-              f"{summary['tokens_per_target_call']:.2f} tokens per target call")
+              f"identical {identity['identical']}/{identity['of']}, calls speculative / generate() "
+              f"{summary['speculative_rows']} / {summary['generate_rows']}"
+              + (f", {summary['tokens_per_target_call']:.2f} tokens per target call"
+                 if summary["tokens_per_target_call"] is not None else ""))
         for section in setting.get("batched", []):
             speed, identity = section["speedup"]["whole"], section["token_identity"]
             print(f"  BatchedInferencePipeline batch {section['batch_size']}: whole {speed['speedup']:.2f}x "
