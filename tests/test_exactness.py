@@ -22,6 +22,7 @@ import pytest
 
 from ct2_flash.drafting import GreedyOptions
 from ct2_flash.exactness import compare_window
+from ct2_flash.policy import SpeculationPolicy
 from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
 from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
@@ -58,6 +59,11 @@ CASES = [
 SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
 
 
+class AlwaysSpeculate(SpeculationPolicy):
+    def speculate(self, batch_size: int) -> bool:
+        return True
+
+
 @pytest.mark.parametrize("kind, k, timestamps", CASES, ids=[f"{d}-K{k}-{'ts' if t else 'nots'}" for d, k, t in CASES])
 def test_segments_identical(pair, clips, kind, k, timestamps):
     if pair.compute_type == "int8":
@@ -69,8 +75,13 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
         assert type(decoder.drafter).__name__ == ("OnnxDrafter" if SHIPPED else "PromptLookupDrafter")
     else:
         decoder.drafter = drafter_for(kind, pair)
-    # Draft every round, the point being to stress the loop, except in the users' setting.
+    # Draft every round, the point being to stress the loop, except in the users' setting,
+    # where the governor and the draft-length policy decide inside speculative calls (every
+    # call is speculative here: the policy would send most of them to generate()).
     decoder.adaptive = kind == "default-adaptive"
+    saved_policy = flash.model.policy
+    if kind == "default-adaptive":
+        flash.model.policy = AlwaysSpeculate()
     decoder.num_draft_tokens = k
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)
@@ -83,6 +94,7 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
                 mismatches.append((name, expected, got))
     finally:
         decoder.drafter, decoder.num_draft_tokens, decoder.adaptive = saved
+        flash.model.policy = saved_policy
     assert not mismatches, f"{pair.compute_type}: {len(mismatches)} clip(s) differ: {mismatches[0]}"
     stats = flash.spec_stats
     assert stats.fallback_calls == 0

@@ -36,7 +36,8 @@ class BenchConfig:
         model: embedded model name or CTranslate2 model directory.
         drafter: checkpoint directory; None for the model's default drafter; "builtin" for
             ``PromptLookupDrafter``; "oracle" for the test oracle (it replays the target's own
-            greedy output, so it shows the loop's ceiling, not a real drafter).
+            greedy output and drafts every round, so it shows the loop's ceiling, not a real
+            drafter).
         compute_types, threads: every combination is one setting.
         num_draft_tokens: K.
         repeats: timed passes over all utterances.
@@ -100,6 +101,9 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
         from ..testing import OracleDrafter
 
         flash.model.decoder.drafter = OracleDrafter(flash.reference_model)
+        # The oracle shows the loop's ceiling: it drafts every round of every call, rather than
+        # letting the policy send calls to generate() while it measures.
+        flash.model.decoder.adaptive = False
     return flash
 
 
