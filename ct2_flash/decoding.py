@@ -83,6 +83,16 @@ class SpeculativeDecoder:
         # (only with adaptive: otherwise every proposed token is verified).
         self.lengths = DraftLengthPolicy()
 
+    @contextmanager
+    def drafting(self, drafter: Drafter, adaptive: bool = False) -> Iterator[Drafter]:
+        """Decode with ``drafter`` (and ``adaptive``) inside the block, then restore both."""
+        saved = (self.drafter, self.adaptive)
+        self.drafter, self.adaptive = drafter, adaptive
+        try:
+            yield drafter
+        finally:
+            self.drafter, self.adaptive = saved
+
     def rules_for(self, prompt: Sequence[int], options: GreedyOptions) -> LogitRules:
         """The logit processor chain CTranslate2 builds for this prompt and these options."""
         special = self.runtime.special

@@ -190,21 +190,23 @@ class TargetRuntime:
     def state_columns(self, logits: np.ndarray) -> np.ndarray:
         """[n, vocab] raw logits -> [n, STATE_RECOVERY_ROWS] the columns the states are solved
         from (taken before the logit rules edit the rows in place)."""
-        if self._recovery_rows is None:
-            self._prepare_recovery()
+        self.prepare_recovery()
         return logits[:, self._recovery_rows]
 
     def states_from_columns(self, columns: np.ndarray) -> np.ndarray:
         """[n, STATE_RECOVERY_ROWS] columns of raw logits -> [n, d_model] float32 states."""
-        if self._recovery_pinv is None:
-            self._prepare_recovery()
+        self.prepare_recovery()
         # One thread: right after a CTranslate2 call its OpenMP workers still spin on the
         # cores, and numpy's multithreaded BLAS fighting them turned this ~0.1 ms product into
         # ~11 ms per round on 2 cores (tiny.en, int8).
         with self._blas.limit(limits=1):
             return np.asarray(columns, dtype=np.float32) @ self._recovery_pinv
 
-    def _prepare_recovery(self) -> None:
+    def prepare_recovery(self) -> None:
+        """Choose the recovery rows and solve their pseudo-inverse (~0.1-0.2 s, once). The
+        model does it when it is built, so that no decoded window pays for it."""
+        if self._recovery_pinv is not None:
+            return
         embedding = self.embedding()
         rng = np.random.default_rng(0)
         rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))

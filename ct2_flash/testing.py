@@ -82,10 +82,6 @@ def using_drafter(decoder, drafter: Drafter, adaptive: bool = False) -> Iterator
     ``adaptive`` is off by default so that every round drafts: tests and validation want the
     drafter exercised, not the timing-dependent governor.
     """
-    saved = (decoder.drafter, decoder.adaptive)
-    decoder.drafter, decoder.adaptive = drafter, adaptive
-    try:
+    with decoder.drafting(drafter, adaptive):
         yield drafter
-    finally:
-        decoder.drafter, decoder.adaptive = saved
 

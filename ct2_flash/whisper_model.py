@@ -244,6 +244,10 @@ class FlashWhisperModel(WhisperModel):
             suppress_ids=config.get("suppress_ids", ()),
             suppress_ids_begin=config.get("suppress_ids_begin", ()),
         )
+        if drafter.needs_states:
+            # Otherwise the first speculative call would pay for it, and the policy would
+            # measure speculation slower than it is.
+            runtime.prepare_recovery()
         if guard_margin is None:
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
@@ -292,12 +296,8 @@ class FlashWhisperModel(WhisperModel):
         if drafter.vocab_size is not None and drafter.vocab_size != decoder.runtime.special.vocab_size:
             raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, "
                              f"the model has {decoder.runtime.special.vocab_size}")
-        saved = (decoder.drafter, decoder.adaptive)
-        decoder.drafter, decoder.adaptive = drafter, adaptive
-        try:
+        with decoder.drafting(drafter, adaptive):
             yield drafter
-        finally:
-            decoder.drafter, decoder.adaptive = saved
 
     @property
     def spec_stats(self) -> SpecStats:
