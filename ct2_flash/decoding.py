@@ -112,13 +112,16 @@ class SpeculativeDecoder:
             sample_begin=layout.prefix_length,
         )
 
-    def decode(self, encoder_output, prompt: Sequence[int], options: GreedyOptions) -> DecodeResult:
+    def decode(self, encoder_output, prompt: Sequence[int], options: GreedyOptions,
+               audio_frames: Optional[int] = None) -> DecodeResult:
         """Greedy-decode one window.
 
         Args:
             encoder_output: StorageView [1, frames, d_model].
             prompt: the full prompt.
             options: greedy options of the call.
+            audio_frames: encoder frames that hold audio (the rest is padding), if known;
+                only the drafter uses it.
         """
         started = time.perf_counter()
         stats, special = self.stats, self.runtime.special
@@ -144,7 +147,7 @@ class SpeculativeDecoder:
             state.emit([], prefill.next_logits[None].copy(), stats)  # the first token: the first anchor
             if not state.finished:
                 with _timed(stats, "drafter_seconds"):
-                    self._begin_drafter(encoder_output, prompt, options, prefill)
+                    self._begin_drafter(encoder_output, prompt, options, prefill, audio_frames)
             while not state.finished:
                 self._round(state, prefill.sequence)
             stats.generate_calls += 1
@@ -155,10 +158,10 @@ class SpeculativeDecoder:
         score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
         return DecodeResult(tokens=tokens, score=score, no_speech_prob=no_speech_prob)
 
-    def _begin_drafter(self, encoder_output, prompt: List[int], options: GreedyOptions, prefill) -> None:
-        window = DraftWindow(
-            encoder_output=_window_array(encoder_output), prompt=tuple(prompt), options=options, eot=self.runtime.special.eot
-        )
+    def _begin_drafter(self, encoder_output, prompt: List[int], options: GreedyOptions, prefill,
+                       audio_frames: Optional[int]) -> None:
+        window = DraftWindow(encoder_output=_window_array(encoder_output), prompt=tuple(prompt), options=options,
+                             eot=self.runtime.special.eot, audio_frames=audio_frames)
         self.drafter.begin(window)
         if self.drafter.needs_states:
             # History starts with the last prompt position, whose logits prefill gave.

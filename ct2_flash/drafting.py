@@ -40,6 +40,10 @@ class GreedyOptions:
         )
 
 
+# Encoder frames of padding a drafter still sees after the audio (50 = 1 s).
+PADDING_FRAMES_SEEN = 50
+
+
 @dataclass(frozen=True)
 class DraftWindow:
     """One ``generate()`` call as a drafter sees it.
@@ -49,12 +53,26 @@ class DraftWindow:
         prompt: the full prompt (previous text, task tokens, forced prefix).
         options: the greedy options of the call.
         eot: the target's end-of-text id.
+        audio_frames: how many leading encoder frames hold audio (the rest encode the zero
+            padding up to 30 s), or None when unknown.
     """
 
     encoder_output: np.ndarray = field(repr=False)
     prompt: Tuple[int, ...]
     options: GreedyOptions
     eot: int
+    audio_frames: Optional[int] = None
+
+    def drafter_audio(self) -> np.ndarray:
+        """[frames', d_model] the encoder frames a drafter reads: the audio and a second of the
+        padding after it (where speech ends is a cue for end-of-text), not the rest.
+
+        A short clip is mostly padding; cross-attention over it is most of a round's cost, and
+        proposals only decide speed, never the output.
+        """
+        if self.audio_frames is None:
+            return self.encoder_output
+        return self.encoder_output[: min(len(self.encoder_output), self.audio_frames + PADDING_FRAMES_SEEN)]
 
 
 @dataclass(frozen=True)

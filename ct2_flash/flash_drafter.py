@@ -204,7 +204,7 @@ class FlashDrafter(Drafter):
 
     def begin(self, window: DraftWindow) -> None:
         with self._torch_threads(), torch.inference_mode():
-            cross = self.model.cross_kv(self._tensor(window.encoder_output)[None])
+            cross = self.model.cross_kv(self._tensor(window.drafter_audio())[None])
             self._cross_kv = [None if kv is None else tuple(t.to(self.cross_dtype) for t in kv) for kv in cross]
             config = self.model.config
             empty = torch.zeros(1, 0, config.num_heads, config.d_model // config.num_heads, dtype=self.dtype)

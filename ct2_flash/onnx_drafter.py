@@ -170,7 +170,7 @@ class OnnxDrafter(Drafter):
         self._cache_length = 0  # the target's cache length = the next anchor's position
 
     def begin(self, window: DraftWindow) -> None:
-        encoder_output = np.ascontiguousarray(window.encoder_output, dtype=np.float32)[None]
+        encoder_output = np.ascontiguousarray(window.drafter_audio(), dtype=np.float32)[None]
         # Held here: the binding points at these arrays for the whole window.
         self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})
         for name, array in zip(self._audio_names, self._audio_kv):

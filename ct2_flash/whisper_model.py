@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import ctranslate2
 import numpy as np
@@ -63,6 +63,25 @@ class FlashGenerationResult:
     no_speech_prob: float = 0.0
 
 
+def audio_frames(features) -> Optional[List[int]]:
+    """Per row of [batch, n_mels, 3000] log-mel features, the encoder frames that hold audio.
+
+    faster-whisper pads every window to 30 s with exact zeros (``pad_or_trim``), and a column
+    of real audio is never all zeros in the normalised log-mel scale, so the audio ends after
+    the last column with a non-zero value. The encoder halves the frame rate. None when the
+    features are not readable on the host (a GPU StorageView).
+    """
+    try:
+        array = np.asarray(features)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if array.ndim != 3:
+        return None
+    columns = np.any(array != 0, axis=1)  # [batch, mel frames]
+    last = np.where(columns.any(axis=1), array.shape[2] - np.argmax(columns[:, ::-1], axis=1), 0)
+    return [int(-(-frames // 2)) for frames in last]
+
+
 class SpeculativeWhisper:
     """A ``ctranslate2.models.Whisper`` whose greedy ``generate()`` may run speculatively.
 
@@ -78,6 +97,8 @@ class SpeculativeWhisper:
         self.policy = policy or SpeculationPolicy()
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
+        # The last encoder output and, per row, how many of its frames hold audio.
+        self._encoded_audio: Tuple[Any, Optional[List[int]]] = (None, None)
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
@@ -90,6 +111,7 @@ class SpeculativeWhisper:
         started = time.perf_counter()
         output = self._model.encode(features, to_cpu=to_cpu)
         self.stats.encoder_seconds += time.perf_counter() - started
+        self._encoded_audio = (output, audio_frames(features))
         return output
 
     def generate(self, features, prompts, **kwargs):
@@ -125,11 +147,13 @@ class SpeculativeWhisper:
 
     def _speculative_rows(self, encoder_output, prompts, options: GreedyOptions, kwargs: Dict[str, Any]) -> list:
         rows = np.asarray(encoder_output)
+        encoded, frames = self._encoded_audio
+        frames = frames if encoded is encoder_output else None
         results = []
         for index, prompt in enumerate(prompts):
             # Rows run one at a time: the patched decoder state has batch size 1.
             row = encoder_output if len(prompts) == 1 else ctranslate2.StorageView.from_array(rows[index : index + 1])
-            decoded = self.decoder.decode(row, prompt, options)
+            decoded = self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
             results.append(
                 FlashGenerationResult(
                     sequences=[[self._vocabulary[t] for t in decoded.tokens]],

@@ -3,6 +3,7 @@
 import logging
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 from faster_whisper import BatchedInferencePipeline, WhisperModel
 
@@ -181,3 +182,39 @@ def test_use_drafter_swaps_and_restores(float32_pair, clips):
         with flash.use_drafter(RandomDrafter(100, vocab_size_check=100)):
             pass
     assert flash.reference_model is flash.model._model
+
+
+def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
+    """The drafter reads the audio frames of a window (plus a second), found from the zero padding
+    faster-whisper adds; the transcript does not depend on it (exactness tests), only the cost."""
+    from faster_whisper.audio import pad_or_trim
+
+    from ct2_flash.whisper_model import audio_frames
+
+    flash = float32_pair.flash
+    audio = clips["clip04_slt.ogg"]
+    features = flash.feature_extractor(audio)
+    padded = pad_or_trim(features)
+    mel_frames = features.shape[-1] - 1  # faster-whisper's content_frames
+    assert audio_frames(padded[None]) == [pytest.approx((mel_frames + 1) // 2, abs=1)]
+    # A batch: one row per window, each its own length; an all-padding row has none.
+    batch = np.stack([padded, pad_or_trim(features[:, :300]), np.zeros_like(padded)])
+    assert audio_frames(batch)[1:] == [150, 0]
+    seen = []
+    decode = flash.model.decoder.decode
+    flash.model.decoder.decode = lambda *args, **kwargs: seen.append(kwargs["audio_frames"]) or decode(*args, **kwargs)
+    try:
+        list(flash.transcribe(audio, beam_size=1)[0])
+    finally:
+        del flash.model.decoder.decode
+    assert seen and seen[0] == audio_frames(padded[None])[0]
+
+
+def test_drafter_audio_keeps_a_second_after_the_audio():
+    from ct2_flash.drafting import PADDING_FRAMES_SEEN, DraftWindow, GreedyOptions
+
+    output = np.arange(1500 * 2, dtype=np.float32).reshape(1500, 2)
+    assert DraftWindow(output, (1,), GreedyOptions(), 2).drafter_audio().shape == (1500, 2)
+    cut = DraftWindow(output, (1,), GreedyOptions(), 2, audio_frames=100).drafter_audio()
+    np.testing.assert_array_equal(cut, output[: 100 + PADDING_FRAMES_SEEN])
+    assert DraftWindow(output, (1,), GreedyOptions(), 2, audio_frames=1490).drafter_audio().shape == (1500, 2)
