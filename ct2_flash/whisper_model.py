@@ -291,12 +291,16 @@ class FlashWhisperModel(WhisperModel):
         return ctranslate2.models.Whisper(model_path, device="cpu", compute_type=self.model.compute_type,
                                           intra_threads=threads)
 
-    def encode_window(self, audio: np.ndarray):
-        """Encoder output (StorageView [1, frames, d_model]) of the first 30 s of ``audio``,
-        padded the way faster-whisper pads its last window."""
+    def window_features(self, audio: np.ndarray) -> np.ndarray:
+        """[n_mels, 3000] log-mel features of the first 30 s of ``audio``, padded the way
+        faster-whisper pads its last window."""
         frames = self.feature_extractor.nb_max_frames
         features = self.feature_extractor(audio)[..., :frames]
-        features = np.pad(features, ((0, 0), (0, frames - features.shape[-1])))
+        return np.pad(features, ((0, 0), (0, frames - features.shape[-1])))
+
+    def encode_window(self, audio: np.ndarray):
+        """Encoder output (StorageView [1, frames, d_model]) of ``window_features(audio)``."""
+        features = self.window_features(audio)
         return self.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
 
     @property

@@ -4,8 +4,11 @@ For each utterance: the encoder output of its (single) window, the target's own 
 for a faster-whisper prompt (timestamps on for half of the utterances, off for the others, as
 users run both), and the target's final decoder states at the last prompt position and at
 every generated position, recovered from teacher-forced logits exactly as the decode loop
-recovers them at run time. Stored per utterance as ``teacher/<id>.npz`` (float16 arrays);
-``teacher.jsonl`` lists the finished ones, so the step resumes.
+recovers them at run time; the target's top-16 next-token distribution at each of those
+positions (for distillation); and how many encoder frames hold audio (the drafter reads those
+and one second of the padding, at run time as in training). Stored per utterance as
+``teacher/<id>.npz`` (float16 arrays); ``teacher.jsonl`` lists the finished ones, so the step
+resumes.
 
 The drafter learns the target's greedy continuation, not the reference text: that is what it
 will be asked to predict.
@@ -52,9 +55,17 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
     return len(pending)
 
 
+TOP_K = 16  # teacher distribution kept per position: the rest of the mass is negligible for tiny.en
+
+
 def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Dict) -> Dict:
+    from ctranslate2 import StorageView
+
+    from ..whisper_model import audio_frames
+
     audio = np.load(os.path.join(data_dir, "audio", f"{entry['id']}.npy")).astype(np.float32) / 32768.0
-    encoder_output = model.encode_window(audio)
+    features = model.window_features(audio)[None]
+    encoder_output = model.model.encode(StorageView.from_array(np.ascontiguousarray(features)))
     prompt = prompt_for(entry["id"], special)
     result = model.reference_model.generate(encoder_output, [prompt], beam_size=1, max_initial_timestamp_index=50)[0]
     tokens = list(result.sequences_ids[0])
@@ -64,13 +75,20 @@ def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Di
     rows = [prefill.next_logits[None]]
     if len(full) > 1:
         rows.append(prefill.sequence.verify(full[:-1]))
-    states = runtime.decoder_states(np.concatenate(rows))  # [len(full), d]: positions before each target
+    logits = np.concatenate(rows)  # [len(full), vocab] raw: row i predicts full[i]
+    states = runtime.decoder_states(logits)  # [len(full), d]: positions before each target
+    log_probs = logits - logits.max(axis=1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(axis=1, keepdims=True))
+    top = np.argpartition(-log_probs, TOP_K, axis=1)[:, :TOP_K]  # [len(full), TOP_K]
     np.savez(
         os.path.join(out_dir, f"{entry['id']}.npz"),
         encoder_output=np.asarray(encoder_output)[0].astype(np.float16),
         states=states.astype(np.float16),
         tokens=np.asarray(full, dtype=np.int32),
         prompt=np.asarray(prompt, dtype=np.int32),
+        top_ids=top.astype(np.int32),
+        top_log_probs=np.take_along_axis(log_probs, top, axis=1).astype(np.float16),
+        audio_frames=np.asarray(audio_frames(features)[0], dtype=np.int32),
     )
     text = model.hf_tokenizer.decode([t for t in tokens if t < special.eot])
     return {"id": entry["id"], "split": entry["split"], "voice": entry["voice"], "tokens": len(full),
