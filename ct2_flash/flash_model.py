@@ -214,8 +214,12 @@ class FlashDrafterModel(nn.Module):
         return self.final_norm(x)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
-        """[..., d] -> [..., shortlist or vocab] draft logits through the tied embedding."""
-        return states @ self.token_embedding[self.shortlist].T
+        """[..., d] -> [..., shortlist or vocab] draft logits through the tied embedding.
+
+        ``states`` is made contiguous first: a strided view (the mask positions of packed
+        blocks) sends the matmul down a path 4x slower, which was a fifth of a training step.
+        """
+        return F.linear(states.contiguous(), self.token_embedding[self.shortlist])
 
     @torch.no_grad()
     def init_from_target(self, model_bin: CT2ModelFile) -> None:

@@ -1,5 +1,6 @@
 """A training smoke run: teacher extraction on two committed clips, a few fit steps, resume."""
 
+import dataclasses
 import json
 import os
 
@@ -77,3 +78,69 @@ def test_fit_from_a_checkpoint_keeps_its_shortlist(teacher_dir, model_path, tmp_
     assert not all(np.array_equal(a, b) for a, b in zip(tuned.state_dict().values(), start.state_dict().values()))
     with pytest.raises(ValueError, match="use_audio=False"):
         fit(teacher_dir, str(tmp_path / "third"), config, progress=False, init_from=os.path.join(first, "best"), use_audio=False)
+
+
+def test_teacher_distribution_and_audio_frames(teacher_dir, clips):
+    (example,) = load_examples(teacher_dir, "train")
+    assert example.top_ids.shape == (len(example.tokens), 16)
+    # The greedy token is the target's raw argmax unless a logit rule removed it (timestamps).
+    in_top = np.mean([t in row for t, row in zip(example.tokens, example.top_ids)])
+    assert in_top > 0.9
+    assert np.all(np.exp(example.top_log_probs.astype(np.float64)).sum(axis=1) <= 1.0 + 1e-2)
+    seconds = clips["clip08_slt.ogg"].size / 16000
+    assert abs(example.audio_frames - seconds * 50) <= 2  # 50 encoder frames per second
+
+
+def test_batches_read_the_audio_frames_and_the_padding_the_runtime_sees(teacher_dir):
+    from ct2_flash.drafting import PADDING_FRAMES_SEEN
+
+    (example,) = load_examples(teacher_dir, "train")
+    batch = make_batch([example], k=8, blocks=16, rng=np.random.default_rng(0))
+    assert batch["encoder"].shape[1] == example.audio_frames + PADDING_FRAMES_SEEN
+    np.testing.assert_array_equal(batch["encoder"][0].numpy(), example.encoder_output[: batch["encoder"].shape[1]])
+    unknown = dataclasses.replace(example, audio_frames=None)
+    assert make_batch([unknown], k=8, blocks=4, rng=np.random.default_rng(0))["encoder"].shape[1] == 1500
+
+
+def test_distillation_on_a_one_hot_teacher_is_the_cross_entropy(teacher_dir, model_path):
+    import torch
+
+    from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel
+    from ct2_flash.flash_drafter import target_identity
+    from ct2_flash.train.fit import IGNORE, loss_of
+
+    (example,) = load_examples(teacher_dir, "train")
+    batch = make_batch([example], k=8, blocks=16, rng=np.random.default_rng(0))
+    from ct2_flash.ct2_weights import CT2ModelFile
+
+    model = FlashDrafterModel(DrafterConfig(target=target_identity(model_path, "tiny.en"), shortlist_size=51864))
+    model.init_from_target(CT2ModelFile(model_path))  # not uniform: every distribution scores differently
+    model.shortlist.copy_(torch.arange(51864))
+    full_to_short = torch.arange(51864)
+    labels = batch["labels"]
+    one_hot = dict(batch, soft_ids=labels.clamp(min=0)[..., None].expand(-1, -1, -1, 2).contiguous(),
+                   soft_log_probs=torch.tensor([0.0, float("-inf")]).expand(*labels.shape, 2).contiguous())
+    with torch.no_grad():
+        plain = loss_of(model, batch, full_to_short)
+        distilled = loss_of(model, one_hot, full_to_short, kl_weight=1.0)
+        real = loss_of(model, batch, full_to_short, kl_weight=1.0)
+    assert float(distilled) == pytest.approx(2 * float(plain), rel=1e-5)
+    assert np.isfinite(float(real)) and float(real) != pytest.approx(float(distilled))
+    assert IGNORE < 0
+    with pytest.raises(ValueError, match="rerun the extract step"):
+        bare = {k: v for k, v in batch.items() if not k.startswith("soft")}
+        loss_of(model, bare, full_to_short, kl_weight=1.0)
+
+
+def test_batches_by_length_come_from_one_neighbourhood_and_cover_every_utterance():
+    from ct2_flash.train.fit import sample_batch
+
+    by_length = list(np.random.default_rng(1).permutation(100))  # sorted order of utterance ids
+    seen = set()
+    for step in range(400):
+        batch = sample_batch(by_length, 8, np.random.default_rng([0, step]))
+        places = sorted(by_length.index(i) for i in batch)
+        assert len(batch) == 8 and places[-1] - places[0] < 32
+        seen.update(batch)
+    assert seen == set(by_length)
+    assert sample_batch(by_length[:3], 8, np.random.default_rng(0)) and len(sample_batch(by_length[:3], 8, np.random.default_rng(0))) == 8

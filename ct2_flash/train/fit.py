@@ -3,7 +3,12 @@
 - Labels are the target's greedy continuation (teacher tokens), not reference text.
 - Up to 16 anchor blocks per utterance are packed into one pass; block n sees only history
   positions strictly before its anchor (``block_attention_mask``).
-- Loss weight exp(-(j-1)/4) for draft position j = 1..K.
+- Loss weight exp(-(j-1)/4) for draft position j = 1..K; next to the cross-entropy on the
+  greedy token, ``kl_weight`` times the distillation loss on the target's top-16
+  distribution at that position (renormalised over the drafter's shortlist).
+- Each batch reads only the encoder frames that hold audio (plus one second of padding, as
+  the runtime drafter does, ``DraftWindow.drafter_audio``): cross-attention over the padding of
+  a short utterance was most of a step. Encoder outputs stay on disk until a batch needs them.
 - AdamW, linear warm-up, cosine decay, gradient clipping.
 - Checkpoints are chosen by mean accepted length in the real cached loop on validation
   windows (``validate``), not by offline loss.
@@ -15,6 +20,7 @@ step, best score), so ``fit`` resumes where it stopped. Nothing is pickled.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -45,6 +51,7 @@ class FitConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     clip_norm: float = 1.0
+    kl_weight: float = 0.5
     validate_every: int = 250
     save_every: int = 50
     validation_windows: int = 48
@@ -55,6 +62,8 @@ class FitConfig:
             raise ValueError("steps, batch_size >= 1 and 1 <= blocks_per_utterance <= 64 required")
         if self.warmup_steps >= self.steps:
             raise ValueError("warmup_steps must be below steps")
+        if self.kl_weight < 0:
+            raise ValueError("kl_weight must be >= 0")
 
 
 @dataclass
@@ -62,37 +71,72 @@ class Example:
     """One teacher utterance.
 
     Attributes:
-        encoder_output: [frames, d] float32.
+        path: its ``teacher/<id>.npz``; the encoder output is read from it when a batch needs it.
         states: [n, d] target final states; states[i] is at text position len(prompt) - 1 + i.
         tokens: [n] the target's greedy tokens y_0 .. y_{n-1} (end-of-text last when reached).
         prompt: the prompt tokens.
+        top_ids, top_log_probs: [n, top] the target's most likely tokens for y_i and their
+            log-probabilities (None in teacher data extracted before they were stored).
+        audio_frames: encoder frames holding audio (None: unknown, all frames are read).
     """
 
-    encoder_output: np.ndarray
+    path: str
     states: np.ndarray
     tokens: np.ndarray
     prompt: np.ndarray
+    top_ids: Optional[np.ndarray] = None
+    top_log_probs: Optional[np.ndarray] = None
+    audio_frames: Optional[int] = None
+
+    @property
+    def encoder_output(self) -> np.ndarray:
+        """[frames, d] float16."""
+        with np.load(self.path) as data:
+            return data["encoder_output"]
 
 
 def load_examples(data_dir: str, split: str, limit: Optional[int] = None) -> List[Example]:
+    """The teacher utterances of ``split`` (everything but the encoder outputs, read per batch)."""
     with open(os.path.join(data_dir, "teacher.jsonl"), encoding="utf-8") as stream:
         ids = [r["id"] for r in map(json.loads, stream) if r["split"] == split and r["tokens"] >= 2]
     examples = []
     for utterance_id in ids[:limit]:
-        with np.load(os.path.join(data_dir, "teacher", f"{utterance_id}.npz")) as data:
-            examples.append(Example(*(data[k] for k in ("encoder_output", "states", "tokens", "prompt"))))
+        path = os.path.join(data_dir, "teacher", f"{utterance_id}.npz")
+        try:
+            with np.load(path) as data:
+                fields = {k: data[k] for k in ("states", "tokens", "prompt")}
+                if "top_ids" in data.files:
+                    fields.update(top_ids=data["top_ids"], top_log_probs=data["top_log_probs"],
+                                  audio_frames=int(data["audio_frames"]))
+        except (OSError, ValueError, KeyError, EOFError) as error:  # a damaged file costs one utterance
+            logging.getLogger(__name__).warning("skipped teacher file %s: %s", path, error)
+            continue
+        examples.append(Example(path=path, **fields))
     return examples
+
+
+def batch_frames(examples: Sequence[Example], total: int) -> int:
+    """Encoder frames a batch reads: the longest audio plus the padding the runtime drafter sees."""
+    from ..drafting import PADDING_FRAMES_SEEN
+
+    if any(e.audio_frames is None for e in examples):
+        return total
+    return min(total, max(e.audio_frames for e in examples) + PADDING_FRAMES_SEEN)
 
 
 def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.Generator) -> Dict[str, torch.Tensor]:
     """Pack up to ``blocks`` anchor blocks per utterance.
 
-    Returns tensors: encoder [B, F, d], history [B, T, d], history_positions [B, T],
-    history_length [B], anchors [B, N], anchor_index [B, N] (history entries visible to the
-    block = anchor index + 1), anchor_positions [B, N], labels [B, N, K].
+    Returns tensors: encoder [B, F, d] (F = ``batch_frames``), history [B, T, d],
+    history_positions [B, T], history_length [B], anchors [B, N], anchor_index [B, N]
+    (history entries visible to the block = anchor index + 1), anchor_positions [B, N],
+    labels [B, N, K], and when every example has them soft_ids / soft_log_probs
+    [B, N, K, top] (the target's distribution at each label; log-prob -inf where none).
     """
     batch, d = len(examples), examples[0].states.shape[1]
     longest = max(len(e.tokens) for e in examples)
+    soft = all(e.top_ids is not None for e in examples)
+    top = examples[0].top_ids.shape[1] if soft else 0
     history = np.zeros((batch, longest, d), np.float32)
     history_positions = np.zeros((batch, longest), np.int64)
     history_length = np.zeros(batch, np.int64)
@@ -100,6 +144,8 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
     visible = np.zeros((batch, blocks), np.int64)
     anchor_positions = np.zeros((batch, blocks), np.int64)
     labels = np.full((batch, blocks, k), IGNORE, np.int64)
+    soft_ids = np.zeros((batch, blocks, k, top), np.int64)
+    soft_log_probs = np.full((batch, blocks, k, top), -np.inf, np.float32)
     for b, example in enumerate(examples):
         n, offset = len(example.tokens), len(example.prompt) - 1
         history[b, :n] = example.states
@@ -112,15 +158,38 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
             anchor_positions[b, slot] = offset + 1 + a
             follow = example.tokens[a + 1 : a + 1 + k]
             labels[b, slot, : len(follow)] = follow
+            if soft:  # row i of the teacher's distribution predicts tokens[i]
+                soft_ids[b, slot, : len(follow)] = example.top_ids[a + 1 : a + 1 + k]
+                soft_log_probs[b, slot, : len(follow)] = example.top_log_probs[a + 1 : a + 1 + k]
         for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
             anchor_positions[b, slot] = offset + 1
-    encoder = np.stack([e.encoder_output for e in examples]).astype(np.float32)
+    frames = batch_frames(examples, TOTAL_FRAMES)
+    encoder = np.stack([e.encoder_output[:frames] for e in examples]).astype(np.float32)
     as_tensor = torch.from_numpy
-    return {
+    tensors = {
         "encoder": as_tensor(encoder), "history": as_tensor(history), "history_positions": as_tensor(history_positions),
         "history_length": as_tensor(history_length), "anchors": as_tensor(anchors), "visible": as_tensor(visible),
         "anchor_positions": as_tensor(anchor_positions), "labels": as_tensor(labels),
     }
+    if soft:
+        tensors.update(soft_ids=as_tensor(soft_ids), soft_log_probs=as_tensor(soft_log_probs))
+    return tensors
+
+
+TOTAL_FRAMES = 1500  # encoder frames of a 30 s window
+
+
+def sample_batch(by_length: Sequence[int], batch_size: int, rng: np.random.Generator) -> List[int]:
+    """One batch of utterances of similar length (a batch reads its longest one's frames).
+
+    An utterance drawn uniformly picks the neighbourhood: the batch comes from the 4 x
+    ``batch_size`` utterances around it in ``by_length`` (indices sorted by audio frames),
+    clamped at the ends, so every utterance stays about as likely as before.
+    """
+    window = min(len(by_length), 4 * batch_size)
+    centre = int(rng.integers(len(by_length)))
+    start = min(max(0, centre - window // 2), len(by_length) - window)
+    return [by_length[start + int(i)] for i in rng.choice(window, batch_size, replace=window < batch_size)]
 
 
 def position_weights(k: int) -> torch.Tensor:
@@ -128,8 +197,14 @@ def position_weights(k: int) -> torch.Tensor:
     return torch.exp(-torch.arange(k, dtype=torch.float32) / 4.0)
 
 
-def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor) -> torch.Tensor:
-    """Weighted cross-entropy over the K draft positions of every packed block."""
+def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor,
+            kl_weight: float = 0.0) -> torch.Tensor:
+    """Weighted cross-entropy over the K draft positions of every packed block, plus
+    ``kl_weight`` times the distillation loss on the target's distribution.
+
+    The distillation term is the cross-entropy against the target's top-k distribution
+    renormalised over the tokens the shortlist holds (KL up to the target's entropy, which has
+    no gradient)."""
     k = model.config.num_draft_tokens
     x, positions = model.embed_blocks(batch["anchors"], batch["anchor_positions"])
     history_kvs = model.history_kv(model.project_history(batch["history"]), batch["history_positions"])
@@ -142,6 +217,15 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
     labels = batch["labels"]
     targets = torch.where(labels >= 0, full_to_short[labels.clamp(min=0)], IGNORE)
     losses = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    if kl_weight > 0:
+        if "soft_ids" not in batch:
+            raise ValueError("kl_weight > 0 needs the target's top-k distributions: rerun the extract step "
+                             "(teacher data from before they were stored lacks them), or pass kl_weight=0")
+        short_ids = full_to_short[batch["soft_ids"]]  # [B, N, K, top], IGNORE outside the shortlist
+        teacher = batch["soft_log_probs"].masked_fill(short_ids < 0, float("-inf"))
+        teacher = torch.softmax(teacher, dim=-1).nan_to_num(0.0)  # rows with nothing in the shortlist: 0
+        student = torch.log_softmax(logits, dim=-1).gather(-1, short_ids.clamp(min=0))
+        losses = losses + kl_weight * -(teacher * student).sum(-1).flatten()
     weights = position_weights(k).expand_as(labels).flatten() * (targets.flatten() != IGNORE)
     return (losses * weights).sum() / weights.sum().clamp(min=1.0)
 
@@ -178,7 +262,8 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> 
     with using_drafter(decoder, FlashDrafter(model, min_confidence=0.0)):
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
-            decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions())
+            decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions(),
+                           audio_frames=example.audio_frames)
     rounds = max(1, stats.draft_rounds)
     return {
         "mean_accepted_length": stats.accepted / rounds,
@@ -188,6 +273,19 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> 
         "drafter_ms_per_round": 1000 * stats.drafter_seconds / rounds,
         "verify_ms_per_call": 1000 * stats.verify_seconds / max(1, stats.target_calls),
     }
+
+
+def train_step(model: FlashDrafterModel, optimizer, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor,
+               config: FitConfig, step: int) -> float:
+    """One update at ``step`` of the schedule; returns the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(config, step)
+    loss = loss_of(model, batch, full_to_short, config.kl_weight)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(_trainable(model).values(), config.clip_norm)
+    optimizer.step()
+    return loss.item()
 
 
 def _trainable(model: FlashDrafterModel) -> Dict[str, torch.nn.Parameter]:
@@ -263,6 +361,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
     full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    by_length = sorted(range(len(train)), key=lambda i: (train[i].audio_frames or 0, i))
 
     os.makedirs(out_dir, exist_ok=True)
     state_path = os.path.join(out_dir, "train_state")
@@ -277,19 +376,13 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         step = meta["step"]
         model.train()
         rng = np.random.default_rng([config.seed, step])
-        batch = make_batch([train[i] for i in rng.choice(len(train), config.batch_size)],
+        batch = make_batch([train[i] for i in sample_batch(by_length, config.batch_size, rng)],
                            drafter_config.num_draft_tokens, config.blocks_per_utterance, rng)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, step)
-        loss = loss_of(model, batch, full_to_short)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(_trainable(model).values(), config.clip_norm)
-        optimizer.step()
+        loss = train_step(model, optimizer, batch, full_to_short, config, step)
         meta["step"] = step + 1
-        meta["losses"].append(round(loss.item(), 4))
+        meta["losses"].append(round(loss, 4))
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}")
         if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
             scores = validate(model, target.model.decoder, valid)
             scores["step"] = meta["step"]
