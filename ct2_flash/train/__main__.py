@@ -31,6 +31,8 @@ def main() -> None:
     fit.add_argument("--validation-windows", type=int, default=48)
     fit.add_argument("--threads", type=int, default=2)
     fit.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    fit.add_argument("--kl-weight", type=float, default=0.5,
+                     help="weight of distilling the target's top-16 distribution (0: greedy tokens only)")
     fit.add_argument("--init", default=None, help="start from this drafter checkpoint (keeps its shortlist)")
     fit.add_argument("--no-audio", action="store_true", help="ablation: no cross-attention to the audio")
     fit.add_argument("--no-history", action="store_true", help="ablation: no target decoder states")
@@ -62,7 +64,7 @@ def main() -> None:
 
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
                            learning_rate=args.lr, warmup_steps=min(150, args.steps // 10),
-                           validation_windows=args.validation_windows)
+                           validation_windows=args.validation_windows, kl_weight=args.kl_weight)
         out = args.out or os.path.join(args.data, "runs", "main")
         meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
                    use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init)
