@@ -73,7 +73,7 @@ def audio_frames(features) -> Optional[List[int]]:
     """
     try:
         array = np.asarray(features)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, AttributeError):  # not on the host
         return None
     if array.ndim != 3:
         return None
