@@ -120,17 +120,18 @@ def _babble(size: int, source: Callable[[], np.ndarray], rng: np.random.Generato
 def through_channel(audio: np.ndarray, channel: str) -> np.ndarray:
     """A real encode/decode round trip of float audio through ``channel`` (see CHANNELS)."""
     container_format, codec, rate, bit_rate = CHANNELS[channel]
-    band_limited = _resample(audio, SAMPLE_RATE, rate) if rate != SAMPLE_RATE else audio
+    band_limited = resample(audio, SAMPLE_RATE, rate) if rate != SAMPLE_RATE else audio
     if codec is None:
         decoded = band_limited
     else:
         decoded = _codec_round_trip(band_limited, container_format, codec, rate, bit_rate)
-    out = _resample(decoded, rate, SAMPLE_RATE) if rate != SAMPLE_RATE else decoded
+    out = resample(decoded, rate, SAMPLE_RATE) if rate != SAMPLE_RATE else decoded
     # Codecs add or drop a few ms of priming; keep the original length.
     return np.resize(out, audio.size) if out.size >= audio.size else np.pad(out, (0, audio.size - out.size))
 
 
-def _resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """[n] float audio at ``rate_in`` -> float audio at ``rate_out`` (PyAV's resampler, as faster-whisper uses)."""
     import av
 
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio[None], dtype=np.float32), format="flt", layout="mono")

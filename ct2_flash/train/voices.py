@@ -27,7 +27,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-SAMPLE_RATE = 16000
+from .augment import SAMPLE_RATE, resample
 
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
@@ -129,7 +129,8 @@ def _piper(text: str, options: Dict[str, object]) -> np.ndarray:
     if not chunks:
         raise RuntimeError("piper produced no audio")
     audio = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
-    return _resample(audio, chunks[0].sample_rate)
+    audio = resample(audio, chunks[0].sample_rate, SAMPLE_RATE)
+    return np.clip(audio * 32768.0, -32768, 32767).astype(np.int16)
 
 
 def _piper_model_path() -> str:
@@ -137,17 +138,6 @@ def _piper_model_path() -> str:
 
     package = importlib.import_module(PIPER_VOICE_PACKAGE)
     return os.path.join(os.path.dirname(package.__file__), "data", "en_US-joe-medium.onnx")
-
-
-def _resample(audio: np.ndarray, rate: int) -> np.ndarray:
-    """float [-1, 1] audio at ``rate`` -> 16 kHz int16 (PyAV's resampler, as faster-whisper uses)."""
-    import av
-
-    frame = av.AudioFrame.from_ndarray(audio[None].astype(np.float32), format="flt", layout="mono")
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-    frames = resampler.resample(frame) + resampler.resample(None)
-    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.int16)
 
 
 def installed(voices: List[Voice]) -> Tuple[List[Voice], Dict[str, str]]:
