@@ -144,3 +144,15 @@ def test_batches_by_length_come_from_one_neighbourhood_and_cover_every_utterance
         seen.update(batch)
     assert seen == set(by_length)
     assert sample_batch(by_length[:3], 8, np.random.default_rng(0)) and len(sample_batch(by_length[:3], 8, np.random.default_rng(0))) == 8
+
+
+def test_attended_frames_point_inside_the_speech_and_advance(teacher_dir):
+    """The AnchorDraft targets: the frame the target reads for each text token lies inside the
+    clip's audio and moves forward through it."""
+    (example,) = load_examples(teacher_dir, "train")
+    frames = example.attended_frames.astype(int)
+    text = np.asarray(example.tokens) < 50256  # not end-of-text or timestamps
+    assert frames.shape == example.tokens.shape
+    assert np.all(frames[text] < example.audio_frames)
+    steps = np.diff(frames[text])
+    assert np.mean(steps >= -5) > 0.9 and frames[text][-1] > frames[text][0]

@@ -78,6 +78,8 @@ class Example:
         top_ids, top_log_probs: [n, top] the target's most likely tokens for y_i and their
             log-probabilities (None in teacher data extracted before they were stored).
         audio_frames: encoder frames holding audio (None: unknown, all frames are read).
+        attended_frames: [n] the encoder frame the target's alignment heads read for y_i
+            (None in teacher data extracted before they were stored).
     """
 
     path: str
@@ -87,6 +89,7 @@ class Example:
     top_ids: Optional[np.ndarray] = None
     top_log_probs: Optional[np.ndarray] = None
     audio_frames: Optional[int] = None
+    attended_frames: Optional[np.ndarray] = None
 
     @property
     def encoder_output(self) -> np.ndarray:
@@ -108,6 +111,8 @@ def load_examples(data_dir: str, split: str, limit: Optional[int] = None) -> Lis
                 if "top_ids" in data.files:
                     fields.update(top_ids=data["top_ids"], top_log_probs=data["top_log_probs"],
                                   audio_frames=int(data["audio_frames"]))
+                if "attended_frames" in data.files:
+                    fields["attended_frames"] = data["attended_frames"]
         except (OSError, ValueError, KeyError, EOFError) as error:  # a damaged file costs one utterance
             logging.getLogger(__name__).warning("skipped teacher file %s: %s", path, error)
             continue
