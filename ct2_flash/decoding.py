@@ -19,7 +19,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -61,15 +61,15 @@ class SpeculativeDecoder:
             see ``LogitRules.choose``) to going another way is decided again by a single-token
             pass, which is what greedy ``generate()`` computes. Multi-token rows are not the
             same computation as single steps (at int8 they move by up to ~1 logit), so this
-            trades a few extra passes for identity; 0 turns it off.
+            trades a few extra passes for identity; 0 turns it off. A sequence gives one margin
+            per row of the block (row 0 follows the anchor; the last one serves longer blocks),
+            as ``ct2_flash/guard.py`` measures them.
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
-                 adaptive: bool = False, guard_margin: float = 0.0):
+                 adaptive: bool = False, guard_margin: Union[float, Sequence[float]] = 0.0):
         if num_draft_tokens < 1:
             raise ValueError("num_draft_tokens must be >= 1")
-        if not guard_margin >= 0.0:
-            raise ValueError(f"guard_margin must be >= 0, got {guard_margin}")
         self.guard_margin = guard_margin
         self.runtime = runtime
         self.drafter = drafter
@@ -82,6 +82,18 @@ class SpeculativeDecoder:
         # Drafts per round from the drafter's confidence and the measured verification cost
         # (only with adaptive: otherwise every proposed token is verified).
         self.lengths = DraftLengthPolicy()
+
+    @property
+    def guard_margin(self) -> Union[float, Tuple[float, ...]]:
+        return self._guard_margin
+
+    @guard_margin.setter
+    def guard_margin(self, value: Union[float, Sequence[float]]) -> None:
+        margins = np.atleast_1d(np.asarray(value, dtype=np.float64))
+        if margins.ndim != 1 or margins.size == 0 or not np.all(margins >= 0.0):
+            raise ValueError(f"guard_margin must be >= 0 (a number or one per block row), got {value!r}")
+        self._guard_margin = float(margins[0]) if np.ndim(value) == 0 else tuple(float(m) for m in margins)
+        self._guard_rows = margins  # [rows] (the last serves longer blocks)
 
     @contextmanager
     def drafting(self, drafter: Drafter, adaptive: bool = False) -> Iterator[Drafter]:
@@ -200,7 +212,7 @@ class SpeculativeDecoder:
         emitted_before = len(state.generated)
         # The drafter's states come from the raw rows; the logit rules then edit them in place.
         columns = self.runtime.state_columns(logits) if self.drafter.needs_states else None
-        outcome = state.emit(drafts, logits, stats, self.guard_margin)
+        outcome = state.emit(drafts, logits, stats, self._guard_rows)
         stats.record_round(len(drafts), outcome.accepted)
         if len(confidences) == len(drafts):
             rejected = outcome.accepted < len(drafts) and not outcome.unsure
@@ -324,24 +336,29 @@ class _Decoding:
     def finished(self) -> bool:
         return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
 
-    def emit(self, drafts: Sequence[int], logits: np.ndarray, stats: SpecStats, guard_margin: float = 0.0) -> Acceptance:
+    def emit(self, drafts: Sequence[int], logits: np.ndarray, stats: SpecStats,
+             guard_margin: Optional[np.ndarray] = None) -> Acceptance:
         """Accept drafts against the target's rows and append what the round produces.
 
         Args:
             drafts: [n] draft tokens (empty for a plain step).
             logits: [n + 1, vocab] raw target rows (row j follows the anchor and j drafts);
                 edited in place by the logit rules.
-            guard_margin: with drafts, a row decided by less than this is left unsure (its
-                single-token pass will count its log-probability).
+            guard_margin: [rows] with drafts, row j decided by less than guard_margin[j] (the
+                last entry for rows beyond) is left unsure (its single-token pass will count
+                its log-probability); None: no guard.
         """
+        guard_margin = np.zeros(1) if guard_margin is None else guard_margin
         choice = self.rules.choose_block(logits, self.generated, drafts)
         # Margins cost another pass over the rows, so only the rows acceptance reads get them:
         # up to the first mismatch.
         mismatches = np.flatnonzero(choice.tokens[: len(drafts)] != np.asarray(drafts, dtype=np.int64))
-        margins = choice.margins(1 + (mismatches[0] if mismatches.size else len(drafts))) if drafts and guard_margin > 0 else None
+        used = 1 + (mismatches[0] if mismatches.size else len(drafts))
+        guard = guard_margin[np.minimum(np.arange(used), guard_margin.size - 1)]
+        margins = choice.margins(used) if drafts and guard.max() > 0 else None
         outcome = greedy_accept(
             drafts,
-            lambda row: None if margins is not None and margins[row] < guard_margin else int(choice.tokens[row]),
+            lambda row: None if margins is not None and margins[row] < guard[row] else int(choice.tokens[row]),
             self.rules.special.eot,
         )
         emitted = list(drafts[: outcome.accepted])

@@ -82,6 +82,17 @@ def audio_frames(features) -> Optional[List[int]]:
     return [int(-(-frames // 2)) for frames in last]
 
 
+def default_guard(model_path: str, compute_type: str) -> Union[float, Tuple[float, ...]]:
+    """The measured guard margins for this model and (resolved) compute type, else the fixed ones."""
+    from .drafter_files import target_identity
+    from .guard import margins_for
+
+    measured = margins_for(target_identity(model_path, os.path.basename(os.path.normpath(model_path))), compute_type)
+    if measured is not None:
+        return measured
+    return FLOAT32_GUARD if compute_type == "float32" else QUANTIZED_GUARD
+
+
 class SpeculativeWhisper:
     """A ``ctranslate2.models.Whisper`` whose greedy ``generate()`` may run speculatively.
 
@@ -223,11 +234,12 @@ class FlashWhisperModel(WhisperModel):
             (tiny, base) and None otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
-            (``decoding.SpeculativeDecoder``). Default: 1e-3 at float32 (its multi-token rows
-            differ from single steps by at most 5e-5), 2.0 at every other compute type (int8
-            rows move by up to ~1 logit; on 12 held-out utterances 2.0 kept 11 identical
-            against 8 with 1.0 and 4 without the guard, for ~10% of the decode time). 0 turns
-            the guard off.
+            (``decoding.SpeculativeDecoder``); a number, or one per row of the block. Default:
+            the margins measured for this model and compute type (``ct2_flash/guard.py``,
+            ``bench/guard_margin.py``: the largest deviation of a verified row from a single
+            step on real speech, by row, times 1.5); without a measurement, 1e-3 at float32
+            (its multi-token rows differ from single steps by at most 5e-5) and 2.0 at every
+            other compute type. 0 turns the guard off.
     """
 
     def __init__(
@@ -273,7 +285,7 @@ class FlashWhisperModel(WhisperModel):
             # measure speculation slower than it is.
             runtime.prepare_recovery()
         if guard_margin is None:
-            guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
+            guard_margin = default_guard(model_path, runtime.model.compute_type)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy())

@@ -244,14 +244,14 @@ class FlipRuntime(FakeRuntime):
         return PrefillResult(self.sequence, one_hot(0), one_hot(SCRIPT[0]))
 
 
-@pytest.mark.parametrize("guard", [0.0, 0.5])
+@pytest.mark.parametrize("guard", [0.0, 0.5, (0.0, 0.0, 0.5), (0.5, 0.5, 0.0, 0.5)])
 def test_guard_decides_close_batch_rows_with_a_single_pass(guard):
     runtime, stats = FlipRuntime(), SpecStats()
     decoder = SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=guard)
     result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
                             GreedyOptions(suppress_blank=False, suppress_tokens=()))
     log = runtime.sequence.verify_log
-    if guard == 0.0:  # the close, wrong batch row is taken at face value
+    if np.atleast_1d(guard)[min(2, np.size(guard) - 1)] == 0.0:  # the close, wrong row 2 is taken at face value
         assert WRONG in result.tokens and stats.rows_rechecked == 0
         return
     assert result.tokens == SCRIPT[:-1]
@@ -259,3 +259,13 @@ def test_guard_decides_close_batch_rows_with_a_single_pass(guard):
     # anchor again and leaves the cache, and a single-token pass decides 14.
     assert log[0] == (2, [11, 12, 13, 14, 15]) and log[1] == (4, [13])
     assert stats.rows_rechecked == 1 and stats.emitted == len(SCRIPT)
+
+
+def test_guard_margins_are_checked_once():
+    runtime, stats = FlipRuntime(), SpecStats()
+    with pytest.raises(ValueError, match="guard_margin must be >= 0"):
+        SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=(0.5, -1.0))
+    with pytest.raises(ValueError, match="guard_margin must be >= 0"):
+        SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=())
+    decoder = SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=[0.5, 1])
+    assert decoder.guard_margin == (0.5, 1.0)
