@@ -45,8 +45,8 @@ _GREEDY_DEFAULTS: Dict[str, Any] = {
 _BEAM_SEARCH = "beam search is not speculative"
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty")
 
-# Default guard margins (logits), by how far a multi-token row can be from a single step:
-# measured at most 5e-5 at float32 and up to ~0.6-1 at int8 (tiny.en, blocks of 9).
+# Default guard margins (logits). float32 rows are within 5e-5 of single steps; at int8 2.0 is
+# where identity stops improving (bench/results/guard_margin/int8.json).
 FLOAT32_GUARD = 1e-3
 QUANTIZED_GUARD = 2.0
 # decoder_threads="auto" splits off a one-thread decoder for models up to this width.
@@ -80,17 +80,6 @@ def audio_frames(features) -> Optional[List[int]]:
     columns = np.any(array != 0, axis=1)  # [batch, mel frames]
     last = np.where(columns.any(axis=1), array.shape[2] - np.argmax(columns[:, ::-1], axis=1), 0)
     return [int(-(-frames // 2)) for frames in last]
-
-
-def default_guard(model_path: str, compute_type: str) -> Union[float, Tuple[float, ...]]:
-    """The measured guard margins for this model and (resolved) compute type, else the fixed ones."""
-    from .drafter_files import target_identity
-    from .guard import margins_for
-
-    measured = margins_for(target_identity(model_path, os.path.basename(os.path.normpath(model_path))), compute_type)
-    if measured is not None:
-        return measured
-    return FLOAT32_GUARD if compute_type == "float32" else QUANTIZED_GUARD
 
 
 class SpeculativeWhisper:
@@ -235,11 +224,13 @@ class FlashWhisperModel(WhisperModel):
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
             (``decoding.SpeculativeDecoder``); a number, or one per row of the block. Default:
-            the margins measured for this model and compute type (``ct2_flash/guard.py``,
-            ``bench/guard_margin.py``: the largest deviation of a verified row from a single
-            step on real speech, by row, times 1.5); without a measurement, 1e-3 at float32
-            (its multi-token rows differ from single steps by at most 5e-5) and 2.0 at every
-            other compute type. 0 turns the guard off.
+            1e-3 at float32 (its multi-token rows differ from single steps by at most 5e-5),
+            2.0 at every other compute type: ``bench/guard_margin.py`` found int8 rows at most
+            0.65 logits from single steps on real speech, but the windows that differ do so at
+            near-ties (target margins < 0.1) through cache entries earlier multi-token passes
+            wrote, and larger margins leave more entries to single passes: identity on 80 real
+            windows was 73 at 1.0, 76 at 1.5, 77 at 2.0 and 77 at 3.0, with tokens per target
+            call 1.20, 1.06, 0.98 and 0.85. 0 turns the guard off.
     """
 
     def __init__(
@@ -285,7 +276,7 @@ class FlashWhisperModel(WhisperModel):
             # measure speculation slower than it is.
             runtime.prepare_recovery()
         if guard_margin is None:
-            guard_margin = default_guard(model_path, runtime.model.compute_type)
+            guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy())
