@@ -6,7 +6,8 @@ the history update and the recovery of the target's states from its logits. A pl
 (a drafter that proposes nothing) is timed in the same run, so every cost is also given as a
 fraction of a step. Writes JSON.
 
-    python bench/draft_round.py --speech-set mfa --limit 20 --out bench/results/draft_round.json
+    python bench/draft_round.py --speech-set mfa --limit 16 --out bench/results/draft_round/int8.json
+    python bench/draft_round.py --audio LONG.wav ... --out bench/results/draft_round/int8_long.json
 """
 
 from __future__ import annotations
@@ -52,9 +53,13 @@ def _drafters(model_path: str, directory: str):
         "pytorch eager, int8 weights, all frames": lambda: _all_frames(
             FlashDrafter(load_checkpoint(directory, model_path), precision="int8")),
         "onnx runtime, float32 graphs, all frames": lambda: _all_frames(
-            OnnxDrafter(directory, model_path, precision="float32")),
-        "onnx runtime, int8 graphs, all frames": lambda: _all_frames(OnnxDrafter(directory, model_path, precision="int8")),
-        "onnx runtime, int8 graphs, audio frames": lambda: OnnxDrafter(directory, model_path, precision="int8"),
+            OnnxDrafter(directory, model_path, precision="float32", audio_window=None)),
+        "onnx runtime, int8 graphs, all frames": lambda: _all_frames(
+            OnnxDrafter(directory, model_path, precision="int8", audio_window=None)),
+        "onnx runtime, int8 graphs, audio frames": lambda: OnnxDrafter(directory, model_path, precision="int8",
+                                                                      audio_window=None),
+        "onnx runtime, int8 graphs, window at the position (default)": lambda: OnnxDrafter(
+            directory, model_path, precision="int8"),
     }
 
 
@@ -92,6 +97,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", default="mfa", choices=["mfa", "pocketsphinx"])
+    parser.add_argument("--audio", nargs="+", default=None,
+                        help="audio files to use instead of the speech set (long recordings: full 30 s windows)")
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
@@ -107,8 +114,14 @@ def main() -> None:
             return Proposal(tokens=())
 
     model_path = resolve_model("tiny.en")
-    utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
-    audio = load_audio(utterances)
+    if args.audio:
+        from faster_whisper.audio import decode_audio
+
+        utterances = [argparse.Namespace(path=path) for path in args.audio]
+        audio = {path: decode_audio(path) for path in args.audio}
+    else:
+        utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
+        audio = load_audio(utterances)
     flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
                               decoder_threads=None, adaptive=False, guard_margin=0.0)
     decoder = flash.model.decoder
@@ -146,13 +159,14 @@ def main() -> None:
             result["draft_round_ms"] = round_ms
             result["draft_round_in_steps"] = round_ms / step
     document = {"what": "in-loop draft round cost (propose + history update + state recovery) per drafter",
-                "speech_set": args.speech_set, "utterances": len(utterances), "compute_type": args.compute_type,
+                "speech_set": args.speech_set if not args.audio else [os.path.basename(p) for p in args.audio],
+                "utterances": len(utterances), "compute_type": args.compute_type,
                 "threads": args.threads, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
                 "plain_step_ms": step, "results": results}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as stream:
         json.dump(document, stream, indent=2)
-    _plot_calibration(results["onnx runtime, int8 graphs, audio frames"]["calibration"], args.out.rsplit(".", 1)[0] + "_calibration.png",
+    _plot_calibration(results["onnx runtime, int8 graphs, window at the position (default)"]["calibration"], args.out.rsplit(".", 1)[0] + "_calibration.png",
                       f"{args.speech_set}, {args.compute_type}, int8 graphs")
     for name, result in results.items():
         print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})

@@ -147,6 +147,8 @@ class SpeculativeDecoder:
         state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :])
         state.steps_left = max_steps - len(state.generated)
 
+        # The engine returns its alignment attention with each pass only for drafters that use it.
+        self.runtime.track_positions(self.drafter.wants_position)
         with _timed(stats, "verify_seconds"):
             prefill = self.runtime.start(encoder_output, prompt)
         stats.target_calls += 1
@@ -229,6 +231,9 @@ class SpeculativeDecoder:
         sequence.rollback(kept)
         if state.finished:
             return
+        if sequence.attention_peaks is not None:
+            # Where the target read when it predicted the next anchor (its row in this pass).
+            self.drafter.observe_position(int(sequence.attention_peaks[min(outcome.accepted, len(drafts))]))
         if state.drafting:
             if kept > cache_length:
                 with _timed(stats, "drafter_seconds"):

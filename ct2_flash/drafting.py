@@ -99,10 +99,13 @@ class Drafter(abc.ABC):
             any (checked against the target once, when the model is built).
         needs_states: whether ``advance`` should receive the target's decoder states (their
             recovery costs a little, so drafters that ignore them say so).
+        wants_position: whether ``observe_position`` should receive where in the audio the
+            target is reading (the loop then has the engine return its alignment attention).
     """
 
     vocab_size: Optional[int] = None
     needs_states: bool = False
+    wants_position: bool = False
 
     @abc.abstractmethod
     def begin(self, window: DraftWindow) -> None:
@@ -116,6 +119,10 @@ class Drafter(abc.ABC):
             generated: tokens produced after the decoder start token, forced prefix included.
             num_tokens: the most tokens that can still be used (>= 1).
         """
+
+    def observe_position(self, frame: int) -> None:
+        """The encoder frame the target's alignment heads attended to most when it predicted
+        the next anchor (called after each verification when ``wants_position``)."""
 
     def advance(self, states: Optional[np.ndarray], cache_length: int) -> None:
         """The target cache now holds ``cache_length`` positions.

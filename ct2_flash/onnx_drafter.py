@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,6 +35,9 @@ GRAPHS = ("audio", "history", "propose")
 PRECISIONS = ("int8", "float32")
 # The ONNX opset the converter writes; ONNX Runtime >= 1.14 runs it.
 OPSET = 17
+# Encoder frames (20 ms each) a round reads before and after where the target reads.
+AUDIO_WINDOW = (50, 150)
+WINDOW_STRIDE = 25
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,11 @@ class OnnxDrafter(Drafter):
             so far falls below this (0 proposes all K); see ``cut_by_confidence``.
         threads: ONNX Runtime intra-op threads (1: a round is too small to split).
         device: "cpu", or "cuda" for ONNX Runtime's CUDA execution provider (onnxruntime-gpu).
+        audio_window: (frames before, frames after) the position where the target reads (its
+            alignment heads' attention peak) that a round's cross-attention reads, or None
+            for every frame of the window's audio. Cross-attention over 1,500 frames is most
+            of a round on a 30 s window; on real recordings a window of 200 frames proposed
+            as well as the whole window (``bench/draft_round.py``).
 
     Raises:
         CheckpointError: missing or unreadable files, with the command that rewrites them.
@@ -135,8 +143,12 @@ class OnnxDrafter(Drafter):
     needs_states = True
 
     def __init__(self, directory: str, model_path: str, precision: str = "int8", min_confidence: float = 0.1,
-                 threads: int = 1, device: str = "cpu") -> None:
+                 threads: int = 1, device: str = "cpu", audio_window: Optional[Tuple[int, int]] = AUDIO_WINDOW) -> None:
         check_round_options(precision, PRECISIONS, min_confidence, threads)
+        if audio_window is not None and (len(audio_window) != 2 or min(audio_window) < 0 or sum(audio_window) < 1):
+            raise ValueError(f"audio_window must be None or (frames before, frames after) >= 0, got {audio_window!r}")
+        self.audio_window = None if audio_window is None else (int(audio_window[0]), int(audio_window[1]))
+        self.wants_position = audio_window is not None
         config: DrafterConfig = read_config(directory)
         check_target(config, target_identity(model_path, os.path.basename(os.path.normpath(model_path))))
         manifest = ExportManifest.read(directory)
@@ -164,7 +176,9 @@ class OnnxDrafter(Drafter):
         rows = config.max_positions + config.num_draft_tokens + 1
         self._buffers = [np.zeros((rows, config.num_heads, head_dim), dtype=np.float32) for _ in self._history_names]
         self._binding = self._propose.io_binding()
-        self._audio_kv: List[np.ndarray] = []
+        self._audio_kv: List[np.ndarray] = []  # per layer keys, values [heads, frames, head_dim]
+        self._audio_span = (0, 0)  # the frames the binding reads
+        self._bound_audio: List[np.ndarray] = []
         self._rows = 0  # history rows in use
         self._history_start = 0  # text position of history row 0
         self._cache_length = 0  # the target's cache length = the next anchor's position
@@ -173,14 +187,33 @@ class OnnxDrafter(Drafter):
         encoder_output = np.ascontiguousarray(window.drafter_audio(), dtype=np.float32)[None]
         # Held here: the binding points at these arrays for the whole window.
         self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})
-        for name, array in zip(self._audio_names, self._audio_kv):
-            self._binding.bind_cpu_input(name, array)
+        self._audio_span = (-1, -1)  # new arrays: bind whatever the span
+        self._bind_audio(0, encoder_output.shape[1])
         self._binding.bind_output("tokens")
         self._binding.bind_output("log_probs")
         self._rows = 0
         # The first states the controller hands over are those of the last prompt position.
         self._history_start = len(window.prompt) - 1
         self._cache_length = len(window.prompt)
+
+    def observe_position(self, frame: int) -> None:
+        before, after = self.audio_window
+        frames = self._audio_kv[0].shape[1]
+        # Snapped to a stride, so that the slices are copied again only when the reading
+        # position has moved on by a stride, not every round.
+        start = max(0, min(frame - before, frames - before - after)) // WINDOW_STRIDE * WINDOW_STRIDE
+        self._bind_audio(start, min(frames, start + before + after + WINDOW_STRIDE))
+
+    def _bind_audio(self, start: int, stop: int) -> None:
+        """Bind frames [start, stop) of the audio keys/values (the whole arrays without a copy)."""
+        if (start, stop) == self._audio_span:
+            return
+        whole = start == 0 and stop == self._audio_kv[0].shape[1]
+        # Held here: the binding points at these arrays until the next bind.
+        self._bound_audio = [array if whole else np.ascontiguousarray(array[:, start:stop]) for array in self._audio_kv]
+        for name, array in zip(self._audio_names, self._bound_audio):
+            self._binding.bind_cpu_input(name, array)
+        self._audio_span = (start, stop)
 
     def advance(self, states: Optional[np.ndarray], cache_length: int) -> None:
         if states is None:

@@ -12,8 +12,10 @@ as close as possible to what plain faster-whisper runs.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -71,11 +73,18 @@ class PrefillResult:
 
 
 class TargetSequence:
-    """One decoder state: a KV cache over ``length`` positions that grows and rolls back."""
+    """One decoder state: a KV cache over ``length`` positions that grows and rolls back.
 
-    def __init__(self, model, state) -> None:
+    With ``track_positions``, every verification also reads the alignment heads' attention
+    (the engine returns it from the same pass, with bit-identical logits) and keeps, per
+    verified row, the encoder frame it attended to most: ``attention_peaks``.
+    """
+
+    def __init__(self, model, state, track_positions: bool = False) -> None:
         self._model = model
         self._state = state
+        self._track = track_positions
+        self.attention_peaks: Optional[np.ndarray] = None  # [T] of the last verification
 
     @property
     def length(self) -> int:
@@ -89,7 +98,13 @@ class TargetSequence:
             [T, vocab] float32 raw logits; row j predicts the token after ``tokens[j]``.
         """
         tokens = [int(t) for t in tokens]
-        if len(tokens) == 1:
+        if self._track:
+            if len(tokens) == 1:
+                logits, attention = self._model.forward_step_with_attention(self._state, tokens[0])
+            else:
+                logits, attention = self._model.forward_batch_with_attention(self._state, tokens)
+            self.attention_peaks = np.asarray(attention).reshape(len(tokens), -1).argmax(axis=1)
+        elif len(tokens) == 1:
             # forward_batch([t]) equals forward_step(t) bit for bit; the step is cheaper.
             logits = self._model.forward_step(self._state, tokens[0])
         else:
@@ -130,9 +145,25 @@ class TargetRuntime:
         self.special = special
         self.suppress_ids = tuple(int(i) for i in suppress_ids)
         self.suppress_ids_begin = tuple(int(i) for i in suppress_ids_begin)
+        self.tracking_positions = False
         self._recovery_rows: Optional[np.ndarray] = None
         self._recovery_pinv: Optional[np.ndarray] = None  # [rows, d_model]: pinv(E[rows]).T
         self._blas = None  # numpy's BLAS thread pools, limited to one thread per recovery
+
+    def track_positions(self, enabled: bool) -> None:
+        """Collect the alignment heads' attention with every verification from now on (see
+        ``TargetSequence``), or stop. The heads are the model's (``alignment_heads`` in its
+        config.json); a model without them cannot track and raises ValueError."""
+        if enabled == self.tracking_positions:
+            return
+        heads: List[Tuple[int, int]] = []
+        if enabled:
+            with open(os.path.join(self.model_path, "config.json"), encoding="utf-8") as stream:
+                heads = [tuple(h) for h in json.load(stream).get("alignment_heads") or ()]
+            if not heads:
+                raise ValueError(f"{self.model_path}/config.json names no alignment_heads: positions cannot be tracked")
+        self.model.set_alignment_heads(heads)
+        self.tracking_positions = enabled
 
     def start(self, encoder_output, prompt: Sequence[int]) -> PrefillResult:
         """Prefill ``prompt`` against one window's encoder output.
@@ -165,7 +196,7 @@ class TargetRuntime:
             logits = self.model.forward_step(state, token)
             if sot_logits is None:
                 sot_logits = _row(logits)
-        return PrefillResult(TargetSequence(self.model, state), sot_logits, _row(logits))
+        return PrefillResult(TargetSequence(self.model, state, self.tracking_positions), sot_logits, _row(logits))
 
     def no_speech_prob(self, sot_logits: np.ndarray) -> float:
         """Softmax probability of <|nospeech|> from raw start-of-transcript logits [vocab]."""

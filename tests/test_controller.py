@@ -28,10 +28,12 @@ def one_hot(token: int) -> np.ndarray:
 
 
 class FakeSequence:
-    def __init__(self, prompt: List[int]) -> None:
+    def __init__(self, prompt: List[int], track_positions: bool = False) -> None:
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
         self.verify_log: List[tuple] = []  # (cache length before, tokens fed)
+        self.track_positions = track_positions
+        self.attention_peaks = None  # a fake alignment: row j reads frame 10 x its position
 
     @property
     def length(self) -> int:
@@ -45,6 +47,8 @@ class FakeSequence:
 
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
         self.verify_log.append((self.length, list(tokens)))
+        if self.track_positions:
+            self.attention_peaks = 10 * (self.length + np.arange(len(tokens)))
         rows = []
         for token in tokens:
             self.tokens.append(token)
@@ -63,9 +67,13 @@ class FakeRuntime:
 
     def __init__(self) -> None:
         self.sequence: Optional[FakeSequence] = None
+        self.tracking_positions = False
+
+    def track_positions(self, enabled: bool) -> None:
+        self.tracking_positions = enabled
 
     def start(self, encoder_output, prompt):
-        self.sequence = FakeSequence(list(prompt))
+        self.sequence = FakeSequence(list(prompt), self.tracking_positions)
         return PrefillResult(self.sequence, one_hot(0), one_hot(SCRIPT[0]))
 
     def no_speech_prob(self, sot_logits) -> float:
@@ -269,3 +277,32 @@ def test_guard_margins_are_checked_once():
         SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=())
     decoder = SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=[0.5, 1])
     assert decoder.guard_margin == (0.5, 1.0)
+
+
+def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
+    """After each verification, the drafter gets the attention peak of the row that predicted
+    the next anchor; tracking is switched on only for such drafters."""
+
+    class Listening(ScriptDrafter):
+        wants_position = True
+
+        def __init__(self):
+            super().__init__()
+            self.positions = []
+
+        def observe_position(self, frame):
+            self.positions.append(frame)
+
+    runtime, drafter = FakeRuntime(), Listening()
+    decoder = SpeculativeDecoder(runtime, drafter, 4, SpecStats())
+    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT, GreedyOptions(suppress_blank=False, suppress_tokens=()))
+    assert result.tokens == SCRIPT[:-1] and runtime.tracking_positions
+    log = runtime.sequence.verify_log
+    assert len(drafter.positions) >= len(log) - 1
+    # The first round verifies 5 tokens from the prompt's end and accepts every draft: the
+    # next anchor is predicted by its last row.
+    first_length, first_tokens = log[0]
+    assert drafter.positions[0] == 10 * (first_length + len(first_tokens) - 1)
+    plain = SpeculativeDecoder(runtime, ScriptDrafter(), 4, SpecStats())
+    plain.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT, GreedyOptions(suppress_blank=False, suppress_tokens=()))
+    assert not runtime.tracking_positions

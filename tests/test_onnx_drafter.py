@@ -170,3 +170,36 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     a, b = exported.propose([1, 2, 3], 8), reference.propose([1, 2, 3], 8)
     assert a.tokens == b.tokens
     np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-4)
+
+
+def test_audio_window_reads_the_frames_around_the_position(model_path, converted):
+    """With ``audio_window``, a round reads the frames around where the target reads, and
+    proposes what the drafter proposes for exactly those frames (audio keys are per frame)."""
+    from ct2_flash.drafting import DraftWindow, GreedyOptions
+    from ct2_flash.onnx_drafter import WINDOW_STRIDE
+
+    out, _ = converted
+    rng = np.random.default_rng(1)
+    audio = rng.normal(size=(1500, 384)).astype(np.float32)
+    states = rng.normal(size=(6, 384)).astype(np.float32)
+    windowed = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0, audio_window=(50, 150))
+    whole = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0, audio_window=None)
+    assert windowed.wants_position and not whole.wants_position
+    windowed.begin(DraftWindow(audio, (50257, 50362), GreedyOptions(), 50256))
+    windowed.advance(states, 7)
+    windowed.observe_position(640)
+    start, stop = windowed._audio_span
+    assert start <= 640 - 50 < start + WINDOW_STRIDE and stop - 640 >= 150 and start % WINDOW_STRIDE == 0
+    whole.begin(DraftWindow(audio[start:stop], (50257, 50362), GreedyOptions(), 50256))
+    whole.advance(states, 7)
+    a, b = windowed.propose([1, 2, 3], 8), whole.propose([1, 2, 3], 8)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-5)
+    # Near the end the window stays inside the audio; a short window is read whole.
+    windowed.observe_position(1499)
+    assert windowed._audio_span[1] == 1500 and windowed._audio_span[1] - windowed._audio_span[0] >= 200
+    windowed.begin(DraftWindow(audio, (50257, 50362), GreedyOptions(), 50256, audio_frames=100))
+    windowed.observe_position(80)
+    assert windowed._audio_span == (0, 150)
+    with pytest.raises(ValueError, match="audio_window"):
+        OnnxDrafter(out, model_path, audio_window=(-1, 10))
