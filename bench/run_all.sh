@@ -47,6 +47,15 @@ PYEOF
 fi
 $PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 2 4 8 16 --repeats 2 \
   --out $OUT/long_batched
+# The draft round on full 30 s windows (where the position window matters).
+$PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
+  --out $OUT/draft_round/int8_long.json
+# The int8 guard: verified rows against single steps, and identity against generate() by margin.
+$PY bench/guard_margin.py --compute-type int8 --limit 30 --out $OUT/guard_margin/int8.json
+# Training speed, on whatever teacher data exists.
+if [[ -f $DATA/teacher.jsonl ]]; then
+  $PY bench/train_speed.py --steps 15 --out $OUT/train_speed.json
+fi
 
 # Earlier measurements (README, "Earlier measurements"): only with the training data.
 if [[ ! -d $DATA/runs ]]; then
