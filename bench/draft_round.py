@@ -167,7 +167,7 @@ def main() -> None:
     with open(args.out, "w", encoding="utf-8") as stream:
         json.dump(document, stream, indent=2)
     _plot_calibration(results["onnx runtime, int8 graphs, window at the position (default)"]["calibration"], args.out.rsplit(".", 1)[0] + "_calibration.png",
-                      f"{args.speech_set}, {args.compute_type}, int8 graphs")
+                      f"{'long recordings' if args.audio else args.speech_set}, {args.compute_type}, int8 graphs")
     for name, result in results.items():
         print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
 
