@@ -63,7 +63,7 @@ class SpeculativeDecoder:
             same computation as single steps (at int8 they move by up to ~1 logit), so this
             trades a few extra passes for identity; 0 turns it off. A sequence gives one margin
             per row of the block (row 0 follows the anchor; the last one serves longer blocks),
-            as ``ct2_flash/guard.py`` measures them.
+            as ``bench/guard_margin.py`` measures them.
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
