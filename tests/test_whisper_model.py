@@ -52,6 +52,19 @@ def test_word_timestamps_identical(float32_pair, oracle_flash, clips):
     assert words_of(oracle_flash, audio, beam_size=1, word_timestamps=True) == expected
 
 
+def test_word_timestamps_identical_while_positions_are_tracked(float32_pair, clips):
+    """The shipped drafter has the engine return alignment attention with every pass (on the
+    same model faster-whisper aligns words with, at float32): words stay faster-whisper's."""
+    flash = float32_pair.flash
+    decoder = flash.model.decoder
+    audio = clips["clip10_awb.ogg"]
+    expected = words_of(float32_pair.baseline, audio, beam_size=1, word_timestamps=True)
+    with decoder.drafting(decoder.drafter, adaptive=False):
+        assert decoder.drafter.wants_position
+        assert words_of(flash, audio, beam_size=1, word_timestamps=True) == expected
+        assert decoder.runtime.tracking_positions
+
+
 def test_batched_pipeline_identical(float32_pair, oracle_flash, clips):
     audio = clips["long_multi_voice.ogg"]
     options = dict(beam_size=1, batch_size=4)
