@@ -68,9 +68,9 @@ def main() -> None:
         full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
         seconds, frames = [], []
+        by_length = sorted(range(len(pool)), key=lambda i: (pool[i].audio_frames or 0, i))
         for step in range(args.warmup + args.steps):
             rng = np.random.default_rng([0, step])  # the same batches for every system
-            by_length = sorted(range(len(pool)), key=lambda i: (pool[i].audio_frames or 0, i))
             indices = sample_batch(by_length, args.batch_size, rng) if bucketed else rng.choice(len(pool), args.batch_size)
             chosen = [pool[i] for i in indices]
             started = time.perf_counter()

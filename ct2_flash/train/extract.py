@@ -36,9 +36,6 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
 
     from ..whisper_model import FlashWhisperModel
 
-    from ..models import resolve_model
-
-    heads = _alignment_heads(resolve_model(model_name))
     model = FlashWhisperModel(model_name, compute_type=compute_type, cpu_threads=threads)
     runtime = model.model.decoder.runtime
     special = runtime.special
@@ -54,7 +51,7 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
     pending = [e for e in entries if e["id"] not in done]
     with open(done_path, "a", encoding="utf-8") as log:
         for entry in tqdm(pending, desc="teacher", disable=not progress):
-            record = _extract_one(model, runtime, special, data_dir, out_dir, entry, heads)
+            record = _extract_one(model, runtime, special, data_dir, out_dir, entry)
             log.write(json.dumps(record) + "\n")
             log.flush()
     return len(pending)
@@ -63,33 +60,28 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
 TOP_K = 16  # teacher distribution kept per position: the rest of the mass is negligible for tiny.en
 
 
-def attended_frames(whisper, encoder_output, prompt: List[int], tokens: List[int], heads) -> np.ndarray:
+def attended_frames(runtime, encoder_output, prompt: List[int], tokens: List[int]) -> np.ndarray:
     """[len(tokens)] int16: for each token, the encoder frame the target's alignment heads
     attend to most when predicting it (head-averaged, post-softmax cross-attention).
 
-    A second pass after the teacher's logits, with collection switched on only for it.
+    A second pass after the teacher's logits, with the runtime's position tracking (its heads,
+    its check that the model has them) switched on only for it.
     """
-    whisper.set_alignment_heads([tuple(h) for h in heads])
+    tracking = runtime.tracking_positions
+    runtime.track_positions(True)
     try:
-        state, _, first = whisper.prefill_with_attention(encoder_output, prompt)
-        rows = [np.asarray(first).reshape(len(heads), -1).mean(axis=0)[None]]
+        state, _, first = runtime.model.prefill_with_attention(encoder_output, prompt)
+        first = np.asarray(first)  # [1, heads, frames]
+        rows = [first.reshape(-1, first.shape[-1]).mean(axis=0)[None]]
         if len(tokens) > 1:
-            _, attention = whisper.forward_batch_with_attention(state, [int(t) for t in tokens[:-1]])
+            _, attention = runtime.model.forward_batch_with_attention(state, [int(t) for t in tokens[:-1]])
             rows.append(np.asarray(attention))
     finally:
-        whisper.set_alignment_heads([])
+        runtime.track_positions(tracking)
     return np.concatenate(rows).argmax(axis=1).astype(np.int16)
 
 
-def _alignment_heads(model_path: str) -> List[List[int]]:
-    with open(os.path.join(model_path, "config.json"), encoding="utf-8") as stream:
-        heads = json.load(stream).get("alignment_heads")
-    if not heads:
-        raise ValueError(f"{model_path}/config.json names no alignment_heads; the attended frames need them")
-    return heads
-
-
-def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Dict, heads) -> Dict:
+def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Dict) -> Dict:
     from ctranslate2 import StorageView
 
     from ..whisper_model import audio_frames
@@ -120,7 +112,7 @@ def _extract_one(model, runtime, special, data_dir: str, out_dir: str, entry: Di
         top_ids=top.astype(np.int32),
         top_log_probs=np.take_along_axis(log_probs, top, axis=1).astype(np.float16),
         audio_frames=np.asarray(audio_frames(features)[0], dtype=np.int32),
-        attended_frames=attended_frames(runtime.model, encoder_output, prompt, full, heads),
+        attended_frames=attended_frames(runtime, encoder_output, prompt, full),
     )
     text = model.hf_tokenizer.decode([t for t in tokens if t < special.eot])
     return {"id": entry["id"], "split": entry["split"], "voice": entry["voice"], "tokens": len(full),
