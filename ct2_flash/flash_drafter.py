@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .drafting import Drafter, DraftWindow, Proposal, check_round_options, cut_by_confidence
+from .drafting import (Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window, check_round_options,
+                       cut_by_confidence)
 from .drafter_files import (  # noqa: F401 (re-exported)
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -155,14 +156,20 @@ class FlashDrafter(Drafter):
             reads all 1500 of them per layer every round, and half the bytes cut a round from
             4.8 to 3.5 ms (tiny.en, int8, one thread) with the same proposals on the test clip.
             Default: with "bfloat16", and with "int8" where ``bfloat16_is_fast()``.
+        audio_window: (frames before, frames after) the target's reading position that a
+            round's cross-attention reads (``audio_window_span``, as ``OnnxDrafter`` does), or
+            None (default) for all of the window's audio.
     """
 
     needs_states = True
 
     def __init__(self, model: FlashDrafterModel, precision: Optional[str] = None, min_confidence: float = 0.1,
-                 use_shortlist: bool = True, threads: int = 1, bfloat16_keys: Optional[bool] = None) -> None:
+                 use_shortlist: bool = True, threads: int = 1, bfloat16_keys: Optional[bool] = None,
+                 audio_window: Optional[Tuple[int, int]] = None) -> None:
         precision = precision or default_precision()
         check_round_options(precision, PRECISIONS, min_confidence, threads)
+        self.audio_window = check_audio_window(audio_window)
+        self.wants_position = self.audio_window is not None and model.config.use_audio
         self.threads = threads
         self.precision = precision
         self.dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32  # activations
@@ -184,7 +191,9 @@ class FlashDrafter(Drafter):
             self.model = (model if same else copy.deepcopy(model).to(self.dtype)).eval()
             weight = head_weight.to(self.dtype).T.contiguous()  # [d, shortlist]
             self._head = lambda states: states @ weight
-        self._cross_kv = None
+        self._cross_kv = None  # per layer keys, values [1, heads, frames, head_dim] of the window's audio
+        self._read_kv = None  # the slice of them a round reads
+        self._read_span = (-1, -1)
         self._empty_history: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_kv: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._history_start = 0  # text position of history index 0
@@ -206,6 +215,8 @@ class FlashDrafter(Drafter):
         with self._torch_threads(), torch.inference_mode():
             cross = self.model.cross_kv(self._tensor(window.drafter_audio())[None])
             self._cross_kv = [None if kv is None else tuple(t.to(self.cross_dtype) for t in kv) for kv in cross]
+            self._read_kv = self._cross_kv
+            self._read_span = (-1, -1)
             config = self.model.config
             empty = torch.zeros(1, 0, config.num_heads, config.d_model // config.num_heads, dtype=self.dtype)
             self._empty_history = [(empty, empty)] * config.num_layers
@@ -213,6 +224,14 @@ class FlashDrafter(Drafter):
         # The first states the controller hands over are those of the last prompt position.
         self._history_start = len(window.prompt) - 1
         self._cache_length = len(window.prompt)
+
+    def observe_position(self, frame: int) -> None:
+        if self._cross_kv[0] is None:
+            return
+        span = audio_window_span(frame, self._cross_kv[0][0].shape[2], self.audio_window)
+        if span != self._read_span:  # copied again only when the window moves
+            self._read_kv = [tuple(t[:, :, span[0] : span[1]].contiguous() for t in kv) for kv in self._cross_kv]
+            self._read_span = span
 
     def advance(self, states: Optional[np.ndarray], cache_length: int) -> None:
         if states is None:
@@ -235,7 +254,7 @@ class FlashDrafter(Drafter):
         with self._torch_threads(), torch.inference_mode():
             anchors = torch.tensor([[int(generated[-1])]])
             x, positions = self.model.embed_blocks(anchors, torch.tensor([[self._cache_length]]))
-            states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._cross_kv)
+            states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._read_kv)
             logits = self._head(states[0, 1 : 1 + num_tokens]).float()  # mask positions: [n, shortlist]
             best, index = logits.max(-1)
             tokens = self._vocabulary[index].tolist()

@@ -115,7 +115,9 @@ class DrafterLayer(nn.Module):
         history_kv: Tuple[torch.Tensor, torch.Tensor],
         cross_kv: Tuple[torch.Tensor, torch.Tensor],
         mask: Optional[torch.Tensor],
-    ) -> torch.Tensor:
+        cross_mask: Optional[torch.Tensor] = None,
+        cross_weights: bool = False,
+    ):
         """
         Args:
             x: [B, S, d] block tokens (one or several packed blocks).
@@ -124,8 +126,12 @@ class DrafterLayer(nn.Module):
             cross_kv: keys, values [B, heads, F, head_dim] of the encoder output, or None
                 to skip cross-attention (the no-audio ablation).
             mask: [B, S, T + S] boolean, True = may attend; None = everything visible.
+            cross_mask: [B, S, F] boolean, the encoder frames each token may read (training's
+                stand-in for the runtime's window of the audio), or None for all.
+            cross_weights: also return the cross-attention weights (training's AnchorDraft
+                loss supervises where the drafter reads).
         Returns:
-            [B, S, d]
+            [B, S, d]; with ``cross_weights`` also [B, S, F], the head-averaged cross-attention.
         """
         qkv = self.qkv(self.self_norm(x)).unflatten(-1, (3 * self.num_heads, -1))  # [B, S, 3 * heads, head_dim]
         # Queries and keys share their positions: one rotation for both.
@@ -134,11 +140,22 @@ class DrafterLayer(nn.Module):
         v = torch.cat([history_kv[1], qkv[:, :, 2 * self.num_heads :]], dim=1)
         attended = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None if mask is None else mask[:, None])
         x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
+        weights = None
         if cross_kv is not None:
-            q = self._heads(self.cross_q(self.cross_norm(x)))
-            attended = _attend(q.transpose(1, 2), cross_kv[0], cross_kv[1])
+            q = self._heads(self.cross_q(self.cross_norm(x))).transpose(1, 2)  # [B, heads, S, head_dim]
+            visible = None if cross_mask is None else cross_mask[:, None]
+            if cross_weights:
+                scores = (q @ cross_kv[0].to(q.dtype).transpose(-1, -2)) * q.shape[-1] ** -0.5
+                if visible is not None:
+                    scores = scores.masked_fill(~visible, float("-inf"))
+                probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # [B, heads, S, F]
+                attended = probs @ cross_kv[1].to(q.dtype)
+                weights = probs.mean(1)
+            else:
+                attended = _attend(q, cross_kv[0], cross_kv[1], visible)
             x = x + self.cross_out(attended.transpose(1, 2).flatten(-2))
-        return x + self.fc2(F.gelu(self.fc1(self.ffn_norm(x))))
+        x = x + self.fc2(F.gelu(self.fc1(self.ffn_norm(x))))
+        return (x, weights) if cross_weights else x
 
 
 class FlashDrafterModel(nn.Module):
@@ -206,12 +223,18 @@ class FlashDrafterModel(nn.Module):
         rope = self._rope_at(positions)
         return [layer.history_kv(projected, rope) for layer in self.layers]
 
-    def forward_blocks(self, x, positions, history_kvs, cross_kvs, mask=None) -> torch.Tensor:
-        """Run packed blocks through the layers; returns [B, S, d] final-normalised states."""
+    def forward_blocks(self, x, positions, history_kvs, cross_kvs, mask=None, cross_mask=None, cross_weights=False):
+        """Run packed blocks through the layers; returns [B, S, d] final-normalised states,
+        and with ``cross_weights`` the last layer's head-averaged cross-attention [B, S, F]
+        (``cross_mask``: see ``DrafterLayer.forward``)."""
         rope = self._rope_at(positions)
-        for layer, history_kv, cross_kv in zip(self.layers, history_kvs, cross_kvs):
-            x = layer(x, rope, history_kv, cross_kv, mask)
-        return self.final_norm(x)
+        weights = None
+        for index, (layer, history_kv, cross_kv) in enumerate(zip(self.layers, history_kvs, cross_kvs)):
+            if cross_weights and index == len(self.layers) - 1:
+                x, weights = layer(x, rope, history_kv, cross_kv, mask, cross_mask, cross_weights=True)
+            else:
+                x = layer(x, rope, history_kv, cross_kv, mask, cross_mask)
+        return (self.final_norm(x), weights) if cross_weights else self.final_norm(x)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., shortlist or vocab] draft logits through the tied embedding.

@@ -28,16 +28,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .drafter_files import CheckpointError, DrafterConfig, check_target, read_config, target_identity
-from .drafting import Drafter, DraftWindow, Proposal, check_round_options, cut_by_confidence
+from .drafting import (AUDIO_WINDOW, Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window,
+                       check_round_options, cut_by_confidence)
 
 EXPORT_FILE = "export.json"
 GRAPHS = ("audio", "history", "propose")
 PRECISIONS = ("int8", "float32")
 # The ONNX opset the converter writes; ONNX Runtime >= 1.14 runs it.
 OPSET = 17
-# Encoder frames (20 ms each) a round reads before and after where the target reads.
-AUDIO_WINDOW = (50, 150)
-WINDOW_STRIDE = 25
 
 
 @dataclass(frozen=True)
@@ -145,9 +143,7 @@ class OnnxDrafter(Drafter):
     def __init__(self, directory: str, model_path: str, precision: str = "int8", min_confidence: float = 0.1,
                  threads: int = 1, device: str = "cpu", audio_window: Optional[Tuple[int, int]] = AUDIO_WINDOW) -> None:
         check_round_options(precision, PRECISIONS, min_confidence, threads)
-        if audio_window is not None and (len(audio_window) != 2 or min(audio_window) < 0 or sum(audio_window) < 1):
-            raise ValueError(f"audio_window must be None or (frames before, frames after) >= 0, got {audio_window!r}")
-        self.audio_window = None if audio_window is None else (int(audio_window[0]), int(audio_window[1]))
+        self.audio_window = check_audio_window(audio_window)
         self.wants_position = audio_window is not None
         config: DrafterConfig = read_config(directory)
         check_target(config, target_identity(model_path, os.path.basename(os.path.normpath(model_path))))
@@ -197,12 +193,7 @@ class OnnxDrafter(Drafter):
         self._cache_length = len(window.prompt)
 
     def observe_position(self, frame: int) -> None:
-        before, after = self.audio_window
-        frames = self._audio_kv[0].shape[1]
-        # Snapped to a stride, so that the slices are copied again only when the reading
-        # position has moved on by a stride, not every round.
-        start = max(0, min(frame - before, frames - before - after)) // WINDOW_STRIDE * WINDOW_STRIDE
-        self._bind_audio(start, min(frames, start + before + after + WINDOW_STRIDE))
+        self._bind_audio(*audio_window_span(frame, self._audio_kv[0].shape[1], self.audio_window))
 
     def _bind_audio(self, start: int, stop: int) -> None:
         """Bind frames [start, stop) of the audio keys/values (the whole arrays without a copy)."""

@@ -85,6 +85,43 @@ def test_packed_blocks_equal_separate_rounds_with_cached_history(tiny_model):
     assert not torch.allclose(again[:, k + 1 :], packed[:, k + 1 :])
 
 
+def test_packed_windowed_blocks_equal_rounds_that_read_the_window(tiny_model):
+    """Training's cross-attention mask reads what a round reads after ``observe_position``
+    (the slice ``audio_window_span`` gives), with and without the attention weights the
+    AnchorDraft loss needs."""
+    from ct2_flash.drafting import DraftWindow, GreedyOptions, audio_window_span
+
+    model, k = tiny_model, tiny_model.config.num_draft_tokens
+    torch.manual_seed(2)
+    frames, window = 600, (50, 150)
+    encoder = torch.randn(1, frames, 16)
+    history = torch.randn(1, 6, 16)
+    drafter = FlashDrafter(model, precision="float32", min_confidence=0.0, audio_window=window)
+    assert drafter.wants_position
+    drafter.begin(DraftWindow(encoder[0].numpy(), (1, 2), GreedyOptions(), 49))
+    drafter.advance(history[0].numpy(), 7)
+    drafter.observe_position(237)
+    start, stop = audio_window_span(237, frames, window)
+    assert 0 < start < stop < frames
+    proposal = drafter.propose([1, 2, 5], k)
+    positions = torch.arange(1, 7)[None]
+    history_kvs = model.history_kv(model.project_history(history), positions)
+    x, block_positions = model.embed_blocks(torch.tensor([[5]]), torch.tensor([[7]]))
+    cross_mask = torch.zeros(1, k + 1, frames, dtype=torch.bool)
+    cross_mask[..., start:stop] = True
+    for weights in (False, True):
+        with torch.no_grad():
+            out = model.forward_blocks(x, block_positions, history_kvs, model.cross_kv(encoder), None, cross_mask,
+                                       cross_weights=weights)
+        states = out[0] if weights else out
+        logits = states[0, 1:] @ model.token_embedding[model.shortlist].T
+        assert tuple(model.shortlist[logits.argmax(-1)].tolist()) == proposal.tokens
+        if weights:
+            attention = out[1][0]  # [k + 1, frames]: nothing outside the window, rows sum to 1
+            assert float(attention[:, :start].abs().sum() + attention[:, stop:].abs().sum()) == 0.0
+            torch.testing.assert_close(attention.sum(-1), torch.ones(k + 1))
+
+
 def test_block_is_bidirectional(tiny_model):
     model = tiny_model
     k = model.config.num_draft_tokens

@@ -175,8 +175,7 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):
     """With ``audio_window``, a round reads the frames around where the target reads, and
     proposes what the drafter proposes for exactly those frames (audio keys are per frame)."""
-    from ct2_flash.drafting import DraftWindow, GreedyOptions
-    from ct2_flash.onnx_drafter import WINDOW_STRIDE
+    from ct2_flash.drafting import WINDOW_STRIDE, DraftWindow, GreedyOptions
 
     out, _ = converted
     rng = np.random.default_rng(1)

@@ -62,6 +62,7 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
     longer = FitConfig(**{**config.__dict__, "steps": 4})
     meta = fit(teacher_dir, out, longer, shortlist_size=4096, progress=False)
     assert meta["step"] == 4 and len(meta["losses"]) == 4
+    assert meta["train_ids"] == ["utt000000"] and meta["validation_ids"] == ["utt000001"]
 
 
 def test_fit_from_a_checkpoint_keeps_its_shortlist(teacher_dir, model_path, tmp_path):
@@ -156,3 +157,70 @@ def test_attended_frames_point_inside_the_speech_and_advance(teacher_dir):
     assert np.all(frames[text] < example.audio_frames)
     steps = np.diff(frames[text])
     assert np.mean(steps >= -5) > 0.9 and frames[text][-1] > frames[text][0]
+
+
+def test_batches_read_the_runtime_window_around_the_anchor_position(teacher_dir):
+    """Each block's cross-attention mask is the slice the runtime drafter reads for that anchor
+    (all of the utterance's frames for the first anchor, which no verification placed yet), and
+    the AnchorDraft labels are the target's frames for the block's labels."""
+    from ct2_flash.drafting import audio_window_span
+    from ct2_flash.train.fit import drafter_frames
+
+    (example,) = load_examples(teacher_dir, "train")
+    k, window = 8, (50, 150)
+    own = drafter_frames(example, 1500)
+    for seed in range(3):
+        batch = make_batch([example], k=k, blocks=16, rng=np.random.default_rng(seed), audio_window=window)
+        mask = batch["cross_mask"][0].numpy().reshape(16, k + 1, -1)
+        assert (mask == mask[:, :1]).all()  # every token of a block reads the same frames
+        for slot in range(16):
+            a = int(batch["visible"][0, slot]) - 1
+            read = np.flatnonzero(mask[slot, 0])
+            start, stop = (0, own) if a == 0 else audio_window_span(int(example.attended_frames[a]), own, window)
+            assert read.tolist() == list(range(start, stop))
+            labels = batch["label_frames"][0, slot].numpy()
+            follow = example.attended_frames[a + 1 : a + 1 + k]
+            assert labels[: len(follow)].tolist() == follow.tolist() and (labels[len(follow):] == -1).all()
+    whole = make_batch([example], k=k, blocks=4, rng=np.random.default_rng(0))
+    assert whole["cross_mask"][0].numpy()[:, :own].all() and not whole["cross_mask"][0].numpy()[:, own:].any()
+
+
+def test_anchor_loss_is_zero_on_the_target_frame_and_log_frames_when_uniform():
+    import torch
+
+    from ct2_flash.train.fit import ANCHOR_RADIUS, anchor_loss
+
+    frames = 100
+    labels = torch.tensor([[[10, 50, -1]]])  # [B, N, K]
+    on_target = torch.zeros(1, 1, 3, frames)
+    on_target[0, 0, 0, 10] = on_target[0, 0, 1, 51] = on_target[0, 0, 2, 90] = 1.0
+    assert float(anchor_loss(on_target, labels)) == pytest.approx(0.0, abs=1e-6)
+    uniform = torch.full((1, 1, 3, frames), 1.0 / frames)
+    width = 2 * ANCHOR_RADIUS + 1
+    assert float(anchor_loss(uniform, labels)) == pytest.approx(np.log(frames / width), rel=1e-5)
+    far = torch.zeros(1, 1, 3, frames)
+    far[..., 99] = 1.0
+    assert float(anchor_loss(far, labels)) > 10  # no mass near the target: a large loss, not nan
+
+
+def test_a_resumed_run_keeps_its_utterances_unless_it_grows(teacher_dir, tmp_path):
+    """Teacher data extracted after a run started joins it only with ``grow`` (recorded with
+    the step it joined at); the validation utterances never change."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(teacher_dir, data)
+    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=100, save_every=1,
+                       validation_windows=1)
+    out = str(tmp_path / "run")
+    fit(str(data), out, config, shortlist_size=4096, progress=False)
+    shutil.copy(data / "teacher" / "utt000000.npz", data / "teacher" / "utt000002.npz")
+    with open(data / "teacher.jsonl", encoding="utf-8") as stream:
+        record = next(r for r in map(json.loads, stream) if r["id"] == "utt000000")
+    with open(data / "teacher.jsonl", "a", encoding="utf-8") as stream:
+        stream.write(json.dumps({**record, "id": "utt000002"}) + "\n")
+    meta = fit(str(data), out, FitConfig(**{**config.__dict__, "steps": 3}), shortlist_size=4096, progress=False)
+    assert meta["train_ids"] == ["utt000000"] and "data_growth" not in meta
+    meta = fit(str(data), out, FitConfig(**{**config.__dict__, "steps": 4}), shortlist_size=4096, progress=False, grow=True)
+    assert meta["train_ids"] == ["utt000000", "utt000002"] and meta["train_utterances"] == 2
+    assert meta["data_growth"] == [{"step": 3, "train_utterances": 2}] and meta["validation_ids"] == ["utt000001"]

@@ -6,6 +6,8 @@ import argparse
 import logging
 import os
 
+from ..drafting import AUDIO_WINDOW
+
 
 def default_data_dir() -> str:
     return os.environ.get("CT2_FLASH_DATA", os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "drafter_data"))
@@ -22,6 +24,7 @@ def main() -> None:
     extract = steps.add_parser("extract", help="teacher tokens, states and encoder outputs (resumable)")
     extract.add_argument("--model", default="tiny.en")
     extract.add_argument("--threads", type=int, default=2)
+    extract.add_argument("--batch-size", type=int, default=8, help="utterances per encoder and greedy call")
     fit = steps.add_parser("fit", help="train the drafter (resumable)")
     fit.add_argument("--out", default=None, help="run directory (default: DATA/runs/main)")
     fit.add_argument("--steps", type=int, default=3000)
@@ -33,7 +36,15 @@ def main() -> None:
     fit.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
     fit.add_argument("--kl-weight", type=float, default=0.5,
                      help="weight of distilling the target's top-16 distribution (0: greedy tokens only)")
+    fit.add_argument("--anchor-weight", type=float, default=0.1,
+                     help="weight of the AnchorDraft loss on where the drafter reads the audio (0: none)")
+    fit.add_argument("--audio-window", type=int, nargs=2, default=list(AUDIO_WINDOW), metavar=("BEFORE", "AFTER"),
+                     help="encoder frames each block reads around the target's position, as the runtime "
+                          "drafter does (default: %(default)s)")
+    fit.add_argument("--all-audio", action="store_true", help="every block reads all of the audio (no window)")
     fit.add_argument("--init", default=None, help="start from this drafter checkpoint (keeps its shortlist)")
+    fit.add_argument("--grow", action="store_true",
+                     help="on resume, also train on utterances extracted since the run started")
     fit.add_argument("--no-audio", action="store_true", help="ablation: no cross-attention to the audio")
     fit.add_argument("--no-history", action="store_true", help="ablation: no target decoder states")
     export = steps.add_parser("export-validation", help="held-out validation audio as a bench manifest")
@@ -57,17 +68,20 @@ def main() -> None:
     elif args.step == "extract":
         from .extract import extract
 
-        count = extract(args.data, model_name=args.model, threads=args.threads)
+        count = extract(args.data, model_name=args.model, threads=args.threads, batch_size=args.batch_size)
         logging.info("extracted %d utterances into %s", count, args.data)
     elif args.step == "fit":
         from .fit import FitConfig, fit
 
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
                            learning_rate=args.lr, warmup_steps=min(150, args.steps // 10),
-                           validation_windows=args.validation_windows, kl_weight=args.kl_weight)
+                           validation_windows=args.validation_windows, kl_weight=args.kl_weight,
+                           anchor_weight=args.anchor_weight,
+                           audio_window=None if args.all_audio else tuple(args.audio_window))
         out = args.out or os.path.join(args.data, "runs", "main")
         meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
-                   use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init)
+                   use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init,
+                   grow=args.grow)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
     elif args.step == "export-validation":
         from .export import export_validation

@@ -9,12 +9,20 @@
 - Each batch reads only the encoder frames that hold audio (plus one second of padding, as
   the runtime drafter does, ``DraftWindow.drafter_audio``): cross-attention over the padding of
   a short utterance was most of a step. Encoder outputs stay on disk until a batch needs them.
+- Audio position: with ``audio_window``, each block's cross-attention reads only the frames
+  the runtime drafter would read for it (``audio_window_span`` around the frame the target's
+  alignment heads read when predicting the anchor; all of the audio for the first anchor,
+  which no verification has placed yet). With ``anchor_weight`` > 0 (AnchorDraft), the last
+  layer's cross-attention at each mask position is pulled towards the frame the target reads
+  for that token: the loss is -log of the attention mass within ``ANCHOR_RADIUS`` frames of it.
 - AdamW, linear warm-up, cosine decay, gradient clipping.
 - Checkpoints are chosen by mean accepted length in the real cached loop on validation
   windows (``validate``), not by offline loss.
 
 State is saved every ``save_every`` steps as safetensors + JSON (weights, optimizer moments,
-step, best score), so ``fit`` resumes where it stopped. Nothing is pickled.
+step, best score, and the utterances the run trains on), so ``fit`` resumes where it stopped
+and a resumed run draws the same batches: teacher data extracted after a run started joins a
+new run (``--init`` from the old one's checkpoint), not the running one. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -33,6 +41,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ..ct2_weights import CT2ModelFile
+from ..drafting import AUDIO_WINDOW, PADDING_FRAMES_SEEN, audio_window_span, check_audio_window
 from ..flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, target_identity
 from ..flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
 
@@ -52,6 +61,8 @@ class FitConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     kl_weight: float = 0.5
+    anchor_weight: float = 0.1
+    audio_window: Optional[Tuple[int, int]] = AUDIO_WINDOW
     validate_every: int = 250
     save_every: int = 50
     validation_windows: int = 48
@@ -62,8 +73,9 @@ class FitConfig:
             raise ValueError("steps, batch_size >= 1 and 1 <= blocks_per_utterance <= 64 required")
         if self.warmup_steps >= self.steps:
             raise ValueError("warmup_steps must be below steps")
-        if self.kl_weight < 0:
-            raise ValueError("kl_weight must be >= 0")
+        if self.kl_weight < 0 or self.anchor_weight < 0:
+            raise ValueError("kl_weight and anchor_weight must be >= 0")
+        object.__setattr__(self, "audio_window", check_audio_window(self.audio_window))
 
 
 @dataclass
@@ -98,10 +110,18 @@ class Example:
             return data["encoder_output"]
 
 
-def load_examples(data_dir: str, split: str, limit: Optional[int] = None) -> List[Example]:
-    """The teacher utterances of ``split`` (everything but the encoder outputs, read per batch)."""
+def teacher_ids(data_dir: str, split: str) -> List[str]:
+    """The extracted utterances of ``split`` that have at least one label, in extraction order."""
     with open(os.path.join(data_dir, "teacher.jsonl"), encoding="utf-8") as stream:
-        ids = [r["id"] for r in map(json.loads, stream) if r["split"] == split and r["tokens"] >= 2]
+        return [r["id"] for r in map(json.loads, stream) if r["split"] == split and r["tokens"] >= 2]
+
+
+def load_examples(data_dir: str, split: str, limit: Optional[int] = None,
+                  ids: Optional[Sequence[str]] = None) -> List[Example]:
+    """The teacher utterances of ``split``, or those named by ``ids`` (everything but the
+    encoder outputs, read per batch). Damaged files are skipped with a warning."""
+    if ids is None:
+        ids = teacher_ids(data_dir, split)
     examples = []
     for utterance_id in ids[:limit]:
         path = os.path.join(data_dir, "teacher", f"{utterance_id}.npz")
@@ -120,16 +140,22 @@ def load_examples(data_dir: str, split: str, limit: Optional[int] = None) -> Lis
     return examples
 
 
+def drafter_frames(example: Example, total: int) -> int:
+    """Encoder frames the runtime drafter reads for this utterance (``DraftWindow.drafter_audio``)."""
+    return total if example.audio_frames is None else min(total, example.audio_frames + PADDING_FRAMES_SEEN)
+
+
 def batch_frames(examples: Sequence[Example], total: int) -> int:
     """Encoder frames a batch reads: the longest audio plus the padding the runtime drafter sees."""
-    from ..drafting import PADDING_FRAMES_SEEN
-
-    if any(e.audio_frames is None for e in examples):
-        return total
-    return min(total, max(e.audio_frames for e in examples) + PADDING_FRAMES_SEEN)
+    return max(drafter_frames(e, total) for e in examples)
 
 
-def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.Generator) -> Dict[str, torch.Tensor]:
+# AnchorDraft: attention within this many frames (20 ms each) of the target's counts as on it.
+ANCHOR_RADIUS = 2
+
+
+def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.Generator,
+               audio_window: Optional[Tuple[int, int]] = None) -> Dict[str, torch.Tensor]:
     """Pack up to ``blocks`` anchor blocks per utterance.
 
     Returns tensors: encoder [B, F, d] (F = ``batch_frames``), history [B, T, d],
@@ -137,6 +163,10 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
     (history entries visible to the block = anchor index + 1), anchor_positions [B, N],
     labels [B, N, K], and when every example has them soft_ids / soft_log_probs
     [B, N, K, top] (the target's distribution at each label; log-prob -inf where none).
+    When every example has its attended frames: label_frames [B, N, K] (the frame the target
+    reads for each label, -1 where none), and cross_mask [B, N * (K + 1), F] (the frames each
+    block reads: the runtime's window around the anchor's frame with ``audio_window``, else
+    the utterance's drafter frames).
     """
     batch, d = len(examples), examples[0].states.shape[1]
     longest = max(len(e.tokens) for e in examples)
@@ -151,6 +181,10 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
     labels = np.full((batch, blocks, k), IGNORE, np.int64)
     soft_ids = np.zeros((batch, blocks, k, top), np.int64)
     soft_log_probs = np.full((batch, blocks, k, top), -np.inf, np.float32)
+    positioned = all(e.attended_frames is not None for e in examples)
+    frames = batch_frames(examples, TOTAL_FRAMES)
+    label_frames = np.full((batch, blocks, k), -1, np.int64)
+    cross_mask = np.zeros((batch, blocks, frames), bool)
     for b, example in enumerate(examples):
         n, offset = len(example.tokens), len(example.prompt) - 1
         history[b, :n] = example.states
@@ -166,9 +200,16 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
             if soft:  # row i of the teacher's distribution predicts tokens[i]
                 soft_ids[b, slot, : len(follow)] = example.top_ids[a + 1 : a + 1 + k]
                 soft_log_probs[b, slot, : len(follow)] = example.top_log_probs[a + 1 : a + 1 + k]
+            if positioned:
+                label_frames[b, slot, : len(follow)] = example.attended_frames[a + 1 : a + 1 + k]
+                own = drafter_frames(example, TOTAL_FRAMES)
+                # The runtime places the window after a verification; the first anchor has none.
+                start, stop = (0, own) if audio_window is None or a == 0 else \
+                    audio_window_span(int(example.attended_frames[a]), own, audio_window)
+                cross_mask[b, slot, start:stop] = True
         for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
             anchor_positions[b, slot] = offset + 1
-    frames = batch_frames(examples, TOTAL_FRAMES)
+            cross_mask[b, slot] = True
     encoder = np.stack([e.encoder_output[:frames] for e in examples]).astype(np.float32)
     as_tensor = torch.from_numpy
     tensors = {
@@ -178,6 +219,9 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
     }
     if soft:
         tensors.update(soft_ids=as_tensor(soft_ids), soft_log_probs=as_tensor(soft_log_probs))
+    if positioned:
+        tensors.update(label_frames=as_tensor(label_frames),
+                       cross_mask=as_tensor(np.repeat(cross_mask, k + 1, axis=1)))  # every token of a block
     return tensors
 
 
@@ -203,20 +247,27 @@ def position_weights(k: int) -> torch.Tensor:
 
 
 def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor,
-            kl_weight: float = 0.0) -> torch.Tensor:
+            kl_weight: float = 0.0, anchor_weight: float = 0.0) -> torch.Tensor:
     """Weighted cross-entropy over the K draft positions of every packed block, plus
-    ``kl_weight`` times the distillation loss on the target's distribution.
+    ``kl_weight`` times the distillation loss on the target's distribution and
+    ``anchor_weight`` times the AnchorDraft loss (where the last layer reads the audio).
 
     The distillation term is the cross-entropy against the target's top-k distribution
     renormalised over the tokens the shortlist holds (KL up to the target's entropy, which has
-    no gradient)."""
+    no gradient). The batch's ``cross_mask``, when present, limits what each block reads."""
     k = model.config.num_draft_tokens
     x, positions = model.embed_blocks(batch["anchors"], batch["anchor_positions"])
     history_kvs = model.history_kv(model.project_history(batch["history"]), batch["history_positions"])
     # The model decides how much history it attends to (none in the no-history ablation).
     history_size = history_kvs[0][0].shape[1]
     mask = block_attention_mask(batch["visible"], batch["history_length"], history_size, k)
-    states = model.forward_blocks(x, positions, history_kvs, model.cross_kv(batch["encoder"]), mask)
+    anchored = anchor_weight > 0 and model.config.use_audio
+    if anchored and "label_frames" not in batch:
+        raise ValueError("anchor_weight > 0 needs the frames the target attends to: rerun the extract step, "
+                         "or pass anchor_weight=0")
+    out = model.forward_blocks(x, positions, history_kvs, model.cross_kv(batch["encoder"]), mask,
+                               batch.get("cross_mask"), cross_weights=anchored)
+    states, attention = out if anchored else (out, None)
     states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
     logits = model.logits(states)  # [B, N, K, shortlist]
     labels = batch["labels"]
@@ -232,7 +283,27 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
         student = torch.log_softmax(logits, dim=-1).gather(-1, short_ids.clamp(min=0))
         losses = losses + kl_weight * -(teacher * student).sum(-1).flatten()
     weights = position_weights(k).expand_as(labels).flatten() * (targets.flatten() != IGNORE)
-    return (losses * weights).sum() / weights.sum().clamp(min=1.0)
+    loss = (losses * weights).sum() / weights.sum().clamp(min=1.0)
+    if anchored:
+        loss = loss + anchor_weight * anchor_loss(attention.unflatten(1, (-1, k + 1))[:, :, 1:], batch["label_frames"])
+    return loss
+
+
+def anchor_loss(attention: torch.Tensor, label_frames: torch.Tensor) -> torch.Tensor:
+    """AnchorDraft: mean over labelled mask positions of -log(attention mass within
+    ``ANCHOR_RADIUS`` frames of the frame the target reads for that token).
+
+    Args:
+        attention: [B, N, K, F] head-averaged cross-attention of the mask positions.
+        label_frames: [B, N, K] the target's frame per label, -1 where there is none.
+    """
+    frames = attention.shape[-1]
+    offsets = torch.arange(-ANCHOR_RADIUS, ANCHOR_RADIUS + 1)
+    index = label_frames[..., None] + offsets  # [B, N, K, 2r + 1]
+    inside = (index >= 0) & (index < frames) & (label_frames[..., None] >= 0)
+    mass = (attention.gather(-1, index.clamp(0, frames - 1)) * inside).sum(-1)  # [B, N, K]
+    labelled = label_frames >= 0
+    return -(mass[labelled].float().clamp(min=1e-6).log()).sum() / labelled.sum().clamp(min=1)
 
 
 def learning_rate(config: FitConfig, step: int) -> float:
@@ -243,18 +314,35 @@ def learning_rate(config: FitConfig, step: int) -> float:
     return config.learning_rate * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
 
-def shortlist_from(examples: Sequence[Example], size: int, special) -> np.ndarray:
+def text_token_counts(data_dir: str, tokenizer, vocab_size: int) -> np.ndarray:
+    """[vocab] how often each token occurs in the texts of every synthesized training
+    utterance, extracted or not yet (``tokenizer``: the target's, a ``tokenizers.Tokenizer``)."""
+    counts = np.zeros(vocab_size, np.int64)
+    with open(os.path.join(data_dir, "manifest.jsonl"), encoding="utf-8") as stream:
+        texts = [" " + e["text"].strip() for e in map(json.loads, stream) if e["split"] == "train"]
+    for encoding in tokenizer.encode_batch(texts, add_special_tokens=False):
+        counts += np.bincount(np.asarray(encoding.ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def shortlist_from(examples: Sequence[Example], size: int, special, text_counts: Optional[np.ndarray] = None) -> np.ndarray:
     """The draft-head vocabulary: all special and timestamp tokens plus the most frequent
-    tokens the target itself emitted in training (sorted ids)."""
+    tokens the target itself emitted in training, and in the texts of the training speech
+    (``text_counts``: a run that takes in data extracted later must already have its tokens)
+    (sorted ids)."""
     counts = np.bincount(np.concatenate([e.tokens for e in examples]), minlength=special.vocab_size)
+    if text_counts is not None:
+        counts = counts + text_counts
     always = np.arange(special.eot, special.vocab_size)
     text_budget = max(0, size - len(always))
     frequent = np.argsort(-counts[: special.eot], kind="stable")[:text_budget]
     return np.sort(np.concatenate([frequent, always]))
 
 
-def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> Dict[str, float]:
-    """Mean accepted length per round in the real cached loop on validation windows."""
+def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example],
+             audio_window: Optional[Tuple[int, int]] = None) -> Dict[str, float]:
+    """Mean accepted length per round in the real cached loop on validation windows (the
+    drafter reading ``audio_window`` around the target's position, as at run time)."""
     from ctranslate2 import StorageView
 
     from ..drafting import GreedyOptions
@@ -264,7 +352,7 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example]) -> 
     stats = decoder.stats
     stats.reset()
     # Every round drafts all K (no governor, no confidence cut): the network is what is judged.
-    with using_drafter(decoder, FlashDrafter(model, min_confidence=0.0)):
+    with using_drafter(decoder, FlashDrafter(model, min_confidence=0.0, audio_window=audio_window)):
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
             decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions(),
@@ -285,7 +373,7 @@ def train_step(model: FlashDrafterModel, optimizer, batch: Dict[str, torch.Tenso
     """One update at ``step`` of the schedule; returns the loss."""
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(config, step)
-    loss = loss_of(model, batch, full_to_short, config.kl_weight)
+    loss = loss_of(model, batch, full_to_short, config.kl_weight, config.anchor_weight)
     optimizer.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(_trainable(model).values(), config.clip_norm)
@@ -328,13 +416,18 @@ def _load_state(path: str, model, optimizer) -> dict:
 
 def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
         threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True,
-        init_from: Optional[str] = None) -> dict:
+        init_from: Optional[str] = None, grow: bool = False) -> dict:
     """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
     ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations.
 
     ``init_from``: a drafter checkpoint directory to start from instead of the target's blocks
     (a new schedule on more data); its architecture and shortlist are kept, so
     ``shortlist_size``, ``use_audio`` and ``use_history`` must not contradict it.
+
+    ``grow``: when the run resumes, training utterances extracted since it started join it
+    from that step on (recorded in ``data_growth``), so one long schedule can run across
+    sessions while synthesis and extraction go on; the validation utterances never change.
+    Without it a resumed run trains on exactly the utterances it started with.
     """
     from tqdm import tqdm
 
@@ -343,7 +436,19 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
 
     torch.set_num_threads(threads)
     model_path = resolve_model(model_name)
-    train, valid = load_examples(data_dir, "train"), load_examples(data_dir, "validation", config.validation_windows)
+    state_path = os.path.join(out_dir, "train_state")
+    resumed = os.path.exists(state_path + ".json")
+    data = {"train_ids": teacher_ids(data_dir, "train"), "validation_ids": teacher_ids(data_dir, "validation")}
+    if resumed:  # the utterances the run started with, so that it draws the same batches
+        with open(state_path + ".json", encoding="utf-8") as stream:
+            saved = json.load(stream)
+        current = data["train_ids"]
+        data = {key: saved.get(key, value) for key, value in data.items()}
+        if grow:
+            known = set(data["train_ids"])
+            data["train_ids"] = data["train_ids"] + [i for i in current if i not in known]
+    train = load_examples(data_dir, "train", ids=data["train_ids"])
+    valid = load_examples(data_dir, "validation", config.validation_windows, ids=data["validation_ids"])
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
@@ -356,7 +461,8 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         if clashes:
             raise ValueError(f"{init_from} was not trained with {', '.join(clashes)}")
     else:
-        shortlist = shortlist_from(train, shortlist_size, special)
+        text_counts = text_token_counts(data_dir, target.hf_tokenizer, special.vocab_size)
+        shortlist = shortlist_from(train, shortlist_size, special, text_counts)
         drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist),
                                        use_audio=use_audio, use_history=use_history)
         model = FlashDrafterModel(drafter_config)
@@ -369,12 +475,15 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     by_length = sorted(range(len(train)), key=lambda i: (train[i].audio_frames or 0, i))
 
     os.makedirs(out_dir, exist_ok=True)
-    state_path = os.path.join(out_dir, "train_state")
     meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
             "train_utterances": len(train), "validation_utterances": len(valid), "seconds": 0.0, "losses": [],
-            "init_from": init_from}
-    if os.path.exists(state_path + ".json"):
+            "init_from": init_from, **data}
+    if resumed:
         meta = _load_state(state_path, model, optimizer)
+        if len(data["train_ids"]) > len(meta.get("train_ids", data["train_ids"])):
+            meta.setdefault("data_growth", []).append({"step": meta["step"], "train_utterances": len(train)})
+        meta.update(data)  # runs saved before the ids were recorded keep what they resume with
+        meta["train_utterances"] = len(train)
     started = time.time() - meta["seconds"]
     bar = tqdm(total=config.steps, initial=meta["step"], desc="fit", disable=not progress)
     while meta["step"] < config.steps:
@@ -382,14 +491,14 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         model.train()
         rng = np.random.default_rng([config.seed, step])
         batch = make_batch([train[i] for i in sample_batch(by_length, config.batch_size, rng)],
-                           drafter_config.num_draft_tokens, config.blocks_per_utterance, rng)
+                           drafter_config.num_draft_tokens, config.blocks_per_utterance, rng, config.audio_window)
         loss = train_step(model, optimizer, batch, full_to_short, config, step)
         meta["step"] = step + 1
         meta["losses"].append(round(loss, 4))
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}")
         if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
-            scores = validate(model, target.model.decoder, valid)
+            scores = validate(model, target.model.decoder, valid, config.audio_window)
             scores["step"] = meta["step"]
             meta["validations"].append(scores)
             if scores["mean_accepted_length"] > meta["best"]:
