@@ -36,7 +36,7 @@ def main() -> None:
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.drafting import DraftWindow, GreedyOptions
+    from ct2_flash.drafting import DraftWindow, DecodingOptions
     from ct2_flash.flash_drafter import FlashDrafter, load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,7 +58,7 @@ def main() -> None:
     tokens = list(reference[:60])
     prefill = runtime.start(encoder_output, prompt)
     states = runtime.decoder_states(np.concatenate([prefill.next_logits[None], prefill.sequence.verify(tokens)]))
-    window = DraftWindow(np.asarray(encoder_output)[0], tuple(prompt), GreedyOptions(), runtime.special.eot)
+    window = DraftWindow(np.asarray(encoder_output)[0], tuple(prompt), DecodingOptions(), runtime.special.eot)
     length = prefill.sequence.length  # prompt + 60 tokens
 
     def begin():

@@ -121,7 +121,7 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.drafting import GreedyOptions
+    from ct2_flash.drafting import DecodingOptions
     from ct2_flash.exactness import compare_window
     from ct2_flash.testing import OracleDrafter, using_drafter
 
@@ -151,7 +151,7 @@ def main() -> None:
             for utterance in utterances:
                 encoder_output = flash.encode_window(audio[utterance.path])
                 for prompt in prompts:
-                    found += deviations(decoder, encoder_output, list(prompt), GreedyOptions())
+                    found += deviations(decoder, encoder_output, list(prompt), DecodingOptions())
     by_position = defaultdict(list)
     for position, deviation, _ in found:
         by_position[position].append(deviation)
@@ -173,7 +173,7 @@ def main() -> None:
         for utterance in utterances:
             encoder_output = flash.encode_window(audio[utterance.path])
             for prompt in prompts:
-                comparison = compare_window(decoder, encoder_output, list(prompt), GreedyOptions())
+                comparison = compare_window(decoder, encoder_output, list(prompt), DecodingOptions())
                 identical += comparison.identical
                 total += 1
                 if not comparison.identical:

@@ -9,7 +9,7 @@ from .runtime_check import RuntimeInstallError, require_patched_runtime
 require_patched_runtime()
 
 from .acceptance import Acceptance, greedy_accept  # noqa: E402
-from .drafting import Drafter, DraftWindow, GreedyOptions, PromptLookupDrafter, Proposal  # noqa: E402
+from .drafting import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
 from .models import UnknownModelError, available_models, resolve_model  # noqa: E402
 from .stats import SpecStats  # noqa: E402
 from .whisper_model import FlashWhisperModel  # noqa: E402
@@ -19,7 +19,7 @@ __all__ = [
     "Drafter",
     "DraftWindow",
     "FlashWhisperModel",
-    "GreedyOptions",
+    "DecodingOptions",
     "PromptLookupDrafter",
     "Proposal",
     "RuntimeInstallError",

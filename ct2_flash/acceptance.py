@@ -1,4 +1,4 @@
-"""Greedy acceptance of a drafted block.
+"""Acceptance of a drafted block: greedy, and speculative sampling.
 
 Vocabulary (as in vLLM's rejection sampler): a round verifies ``[anchor, d_1 .. d_n]`` in one
 target pass; row j of the target's output is the token the target itself picks after
@@ -9,12 +9,21 @@ end-of-text ends the transcript with no bonus, since greedy decoding stops there
 is too close to call in a multi-token pass (``target_token`` returns None) ends the block
 *unsure*: the drafts before it are kept, and the loop decides that position again with a
 single-token pass.
+
+Under sampling (``sample_accept``) the target's row j is a distribution p_j, and the draft
+d_{j+1} was drawn from the drafter's q_j (or proposed outright: q_j is then all on it). The
+rule of speculative sampling keeps d with probability min(1, p_j(d) / q_j(d)); at the first
+rejection the recovered token is drawn from the residual max(0, p_j - q_j), renormalised, and
+after a fully accepted block the bonus token from p_n. Every emitted token is then distributed
+exactly as if it had been sampled from the target alone, whatever the drafter proposes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -62,3 +71,56 @@ def greedy_accept(
             return Acceptance(accepted=j + 1, next_token=None)
     choice = target_token(len(draft_tokens))
     return Acceptance(accepted=len(draft_tokens), next_token=choice, unsure=choice is None)
+
+
+def sample_accept(
+    draft_tokens: Sequence[int],
+    target_probs: Callable[[int], np.ndarray],
+    draft_probs: Callable[[int], Optional[np.ndarray]],
+    uniforms: Callable[[int], Tuple[float, float]],
+    eot: int,
+) -> Acceptance:
+    """Speculative sampling over one verified block (see the module docstring).
+
+    A draft the drafter proposed outright is judged by drawing the target's own token with the
+    row's second uniform and keeping the draft if they agree: that keeps it with probability
+    p(d) and otherwise yields a token from p without d, as the rule asks, and the emitted token
+    is then the very one plain sampling would draw with the same uniform, whatever was drafted.
+
+    Args:
+        draft_tokens: [n] proposed tokens d_1 .. d_n.
+        target_probs: row index j (0 .. n) -> [vocab] the target's sampling distribution after
+            the anchor and the first j drafts (its rules, temperature and top-k applied).
+            Called in order and only as far as needed.
+        draft_probs: row index j (0 .. n - 1) -> [vocab] the distribution d_{j+1} was drawn
+            from, or None when the drafter proposed it outright.
+        uniforms: row index j -> two uniforms in [0, 1) for that row's output position (one
+            for the acceptance test, one for drawing a token), fixed per position, so that a
+            seeded run repeats whatever the drafts were.
+        eot: the end-of-text id.
+    """
+    for j, draft in enumerate(draft_tokens):
+        p = target_probs(j)
+        q = draft_probs(j)
+        u_accept, u_draw = uniforms(j)
+        if q is None:
+            token = draw(p, u_draw)
+            if token != draft:
+                return Acceptance(accepted=j, next_token=token)
+        # Accept with probability min(1, p / q); a draft its own distribution gave no mass is
+        # rejected.
+        elif not (q[draft] > 0 and u_accept * q[draft] < p[draft]):
+            residual = np.maximum(p - q, 0.0)
+            return Acceptance(accepted=j, next_token=draw(residual if residual.sum() > 0 else p, u_draw))
+        if draft == eot:
+            return Acceptance(accepted=j + 1, next_token=None)
+    return Acceptance(accepted=len(draft_tokens), next_token=draw(target_probs(len(draft_tokens)), uniforms(len(draft_tokens))[1]))
+
+
+def draw(weights: np.ndarray, uniform: float) -> int:
+    """The index the inverse CDF of ``weights`` ([vocab], >= 0, not all 0; normalised here)
+    gives at ``uniform`` in [0, 1)."""
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    index = int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"))
+    # Rounding can put the point at the very end: take the last token with any weight.
+    return index if index < len(weights) else int(np.flatnonzero(weights)[-1])

@@ -23,9 +23,9 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .acceptance import Acceptance, greedy_accept
+from .acceptance import Acceptance, greedy_accept, sample_accept
 from .draft_length import DraftLengthPolicy
-from .drafting import Drafter, DraftWindow, GreedyOptions
+from .drafting import Drafter, DraftWindow, DecodingOptions
 from .logit_rules import LogitRules
 from .stats import SpecStats
 from .target import PromptLayout, TargetRuntime
@@ -63,13 +63,21 @@ class SpeculativeDecoder:
             same computation as single steps (at int8 they move by up to ~1 logit), so this
             trades a few extra passes for identity; 0 turns it off. A sequence gives one margin
             per row of the block (row 0 follows the anchor; the last one serves longer blocks),
-            as ``bench/guard_margin.py`` measures them.
+            as ``bench/guard_margin.py`` measures them. Greedy decoding only: under sampling a
+            row's distribution is used as verified.
+        seed: seeds the random choices of sampled decoding (None: fresh entropy). The n-th
+            sampled ``decode`` of a decoder draws its uniforms from (seed, n), one pair per
+            output position, so a seeded decoder repeats its outputs call for call, whatever
+            the drafter proposed and however the rounds fell. Greedy decoding draws nothing.
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
-                 adaptive: bool = False, guard_margin: Union[float, Sequence[float]] = 0.0):
+                 adaptive: bool = False, guard_margin: Union[float, Sequence[float]] = 0.0, seed: Optional[int] = None):
         if num_draft_tokens < 1:
             raise ValueError("num_draft_tokens must be >= 1")
+        self.seeded = seed is not None
+        self._entropy = np.random.SeedSequence(seed).entropy
+        self._sampled_calls = 0
         self.guard_margin = guard_margin
         self.runtime = runtime
         self.drafter = drafter
@@ -105,7 +113,7 @@ class SpeculativeDecoder:
         finally:
             self.drafter, self.adaptive = saved
 
-    def rules_for(self, prompt: Sequence[int], options: GreedyOptions) -> LogitRules:
+    def rules_for(self, prompt: Sequence[int], options: DecodingOptions) -> LogitRules:
         """The logit processor chain CTranslate2 builds for this prompt and these options."""
         special = self.runtime.special
         layout = PromptLayout.of(prompt, special)
@@ -124,14 +132,14 @@ class SpeculativeDecoder:
             sample_begin=layout.prefix_length,
         )
 
-    def decode(self, encoder_output, prompt: Sequence[int], options: GreedyOptions,
+    def decode(self, encoder_output, prompt: Sequence[int], options: DecodingOptions,
                audio_frames: Optional[int] = None) -> DecodeResult:
-        """Greedy-decode one window.
+        """Decode one window, greedy or sampled as ``options`` say (one hypothesis).
 
         Args:
             encoder_output: StorageView [1, frames, d_model].
             prompt: the full prompt.
-            options: greedy options of the call.
+            options: decoding options of the call.
             audio_frames: encoder frames that hold audio (the rest is padding), if known;
                 only the drafter uses it.
         """
@@ -144,8 +152,14 @@ class SpeculativeDecoder:
         if max_steps == 0:
             raise ValueError("The maximum decoding length must be > 0")  # CTranslate2's check
         # Forced prefix tokens are part of the output and count against the budget.
-        state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :])
+        state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :],
+                          options=options)
         state.steps_left = max_steps - len(state.generated)
+        if options.sampling:
+            # [position in generated, 2]: the acceptance test's and the draw's uniform.
+            rng = np.random.default_rng([self._entropy, self._sampled_calls])
+            state.uniforms = rng.random((len(state.generated) + max(state.steps_left, 0) + 1, 2))
+            self._sampled_calls += 1
 
         # The engine returns its alignment attention with each pass only for drafters that use it.
         self.runtime.track_positions(self.drafter.wants_position)
@@ -172,7 +186,7 @@ class SpeculativeDecoder:
         score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
         return DecodeResult(tokens=tokens, score=score, no_speech_prob=no_speech_prob)
 
-    def _begin_drafter(self, encoder_output, prompt: List[int], options: GreedyOptions, prefill,
+    def _begin_drafter(self, encoder_output, prompt: List[int], options: DecodingOptions, prefill,
                        audio_frames: Optional[int]) -> None:
         window = DraftWindow(encoder_output=_window_array(encoder_output), prompt=tuple(prompt), options=options,
                              eot=self.runtime.special.eot, audio_frames=audio_frames)
@@ -195,10 +209,12 @@ class SpeculativeDecoder:
             num_tokens, state.single_pass_next = 0, False
         drafts: Sequence[int] = ()
         confidences: Sequence[float] = ()
+        draft_probs: Optional[np.ndarray] = None
         if num_tokens > 0:
             with _timed(stats, "drafter_seconds"):
                 proposal = self.drafter.propose(state.generated, num_tokens)
             drafts, confidences = proposal.tokens[:num_tokens], proposal.log_probs[:num_tokens]
+            draft_probs = proposal.probs
             if self.adaptive and len(confidences) == len(drafts):
                 # Verify as many as pay for their rows (the proposal itself is paid already).
                 count = self.lengths.choose(confidences)
@@ -214,7 +230,7 @@ class SpeculativeDecoder:
         emitted_before = len(state.generated)
         # The drafter's states come from the raw rows; the logit rules then edit them in place.
         columns = self.runtime.state_columns(logits) if self.drafter.needs_states else None
-        outcome = state.emit(drafts, logits, stats, self._guard_rows)
+        outcome = state.emit(drafts, logits, stats, self._guard_rows, draft_probs)
         stats.record_round(len(drafts), outcome.accepted)
         if len(confidences) == len(drafts):
             rejected = outcome.accepted < len(drafts) and not outcome.unsure
@@ -328,6 +344,8 @@ class _Decoding:
 
     rules: LogitRules
     generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
+    options: DecodingOptions = field(default_factory=DecodingOptions)
+    uniforms: Optional[np.ndarray] = None  # [positions, 2] under sampling (see SpeculativeDecoder)
     steps_left: int = 0
     log_prob_sum: float = 0.0
     sampled: bool = False
@@ -342,7 +360,7 @@ class _Decoding:
         return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
 
     def emit(self, drafts: Sequence[int], logits: np.ndarray, stats: SpecStats,
-             guard_margin: Optional[np.ndarray] = None) -> Acceptance:
+             guard_margin: Optional[np.ndarray] = None, draft_probs: Optional[np.ndarray] = None) -> Acceptance:
         """Accept drafts against the target's rows and append what the round produces.
 
         Args:
@@ -351,10 +369,22 @@ class _Decoding:
                 edited in place by the logit rules.
             guard_margin: [rows] with drafts, row j decided by less than guard_margin[j] (the
                 last entry for rows beyond) is left unsure (its single-token pass will count
-                its log-probability); None: no guard.
+                its log-probability); None: no guard. Greedy only.
+            draft_probs: [n, vocab] under sampling, the distributions the drafts were drawn
+                from; None: the drafter proposed them outright.
         """
         guard_margin = np.zeros(1) if guard_margin is None else guard_margin
         choice = self.rules.choose_block(logits, self.generated, drafts)
+        if self.options.sampling:
+            options, start = self.options, len(self.generated)
+            outcome = sample_accept(
+                drafts,
+                lambda row: choice.distribution(row, options.sampling_temperature, options.sampling_topk),
+                lambda row: None if draft_probs is None else draft_probs[row],
+                lambda row: self.uniforms[start + row],
+                self.rules.special.eot,
+            )
+            return self._append(drafts, outcome, choice, stats)
         # Margins cost another pass over the rows, so only the rows acceptance reads get them:
         # up to the first mismatch.
         mismatches = np.flatnonzero(choice.tokens[: len(drafts)] != np.asarray(drafts, dtype=np.int64))
@@ -366,12 +396,16 @@ class _Decoding:
             lambda row: None if margins is not None and margins[row] < guard[row] else int(choice.tokens[row]),
             self.rules.special.eot,
         )
+        return self._append(drafts, outcome, choice, stats)
+
+    def _append(self, drafts: Sequence[int], outcome: Acceptance, choice, stats: SpecStats) -> Acceptance:
+        """Append the round's tokens and count their log-probabilities in the score."""
         emitted = list(drafts[: outcome.accepted])
         if outcome.next_token is not None:
             emitted.append(outcome.next_token)
         self.generated.extend(emitted)
         # Rows 0 .. emitted - 1 gave the emitted tokens (an accepted end-of-text is its own row).
-        self.log_prob_sum += float(np.sum(choice.log_probs(len(emitted)), dtype=np.float64)) if emitted else 0.0
+        self.log_prob_sum += float(np.sum(choice.log_probs(emitted), dtype=np.float64)) if emitted else 0.0
         self.steps_left -= len(emitted)
         self.sampled = True
         stats.emitted += len(emitted)

@@ -19,14 +19,43 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class GreedyOptions:
-    """The greedy ``generate()`` options that decide the output (checked by the adapter)."""
+class DecodingOptions:
+    """The ``generate()`` options (``beam_size=1``) that decide the output, checked once.
+
+    ``sampling_topk`` and ``sampling_temperature`` mean what they mean to CTranslate2: with
+    ``sampling_topk == 1`` or ``sampling_temperature == 0`` the choice is the argmax (greedy);
+    otherwise each token is drawn from softmax(logits / temperature) over the ``sampling_topk``
+    best tokens (0: all of them), after the same logit rules. ``num_hypotheses`` independent
+    draws are returned best score first (sampling only).
+
+    Raises:
+        ValueError: a negative or non-finite temperature, a negative ``sampling_topk``, fewer
+            than one hypothesis, or several hypotheses without sampling.
+    """
 
     max_length: int = 448
     suppress_blank: bool = True
     suppress_tokens: Tuple[int, ...] = (-1,)
     max_initial_timestamp_index: int = 50
     length_penalty: float = 1.0
+    sampling_topk: int = 1
+    sampling_temperature: float = 1.0
+    num_hypotheses: int = 1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.sampling_temperature) and self.sampling_temperature >= 0):
+            raise ValueError(f"sampling_temperature must be a finite number >= 0, got {self.sampling_temperature!r}")
+        if self.sampling_topk < 0:
+            raise ValueError(f"sampling_topk must be >= 0 (0: the full distribution), got {self.sampling_topk!r}")
+        if self.num_hypotheses < 1:
+            raise ValueError("The number of hypotheses must be > 0")  # CTranslate2's words
+        if self.num_hypotheses > 1 and not self.sampling:
+            raise ValueError("The number of hypotheses cannot be greater than beam_size * patience")  # idem
+
+    @property
+    def sampling(self) -> bool:
+        """Whether tokens are drawn at random (CTranslate2's ``RandomSampler``), not the argmax."""
+        return self.sampling_topk != 1 and self.sampling_temperature != 0
 
     def generate_kwargs(self) -> dict:
         """The same decoding as CTranslate2 ``Whisper.generate`` keyword arguments."""
@@ -37,6 +66,9 @@ class GreedyOptions:
             suppress_tokens=list(self.suppress_tokens),
             max_initial_timestamp_index=self.max_initial_timestamp_index,
             length_penalty=self.length_penalty,
+            sampling_topk=self.sampling_topk,
+            sampling_temperature=self.sampling_temperature,
+            num_hypotheses=self.num_hypotheses,
         )
 
 
@@ -68,7 +100,7 @@ class DraftWindow:
     Attributes:
         encoder_output: [frames, d_model] float32 encoder output of the window.
         prompt: the full prompt (previous text, task tokens, forced prefix).
-        options: the greedy options of the call.
+        options: the decoding options of the call.
         eot: the target's end-of-text id.
         audio_frames: how many leading encoder frames hold audio (the rest encode the zero
             padding up to 30 s), or None when unknown.
@@ -76,7 +108,7 @@ class DraftWindow:
 
     encoder_output: np.ndarray = field(repr=False)
     prompt: Tuple[int, ...]
-    options: GreedyOptions
+    options: DecodingOptions
     eot: int
     audio_frames: Optional[int] = None
 

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from .decoding import SpeculativeDecoder
-from .drafting import GreedyOptions
+from .drafting import DecodingOptions
 from .target import PromptLayout
 
 
@@ -42,7 +42,7 @@ class WindowComparison:
 
 
 def compare_window(
-    decoder: SpeculativeDecoder, encoder_output, prompt: Sequence[int], options: GreedyOptions
+    decoder: SpeculativeDecoder, encoder_output, prompt: Sequence[int], options: DecodingOptions
 ) -> WindowComparison:
     """Decode one window both ways and locate the first difference.
 

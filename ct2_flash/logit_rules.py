@@ -297,10 +297,25 @@ class BlockChoice:
         gaps = np.where(np.isfinite(runner_up), best - runner_up, np.inf)
         return np.minimum(self.rule_margins[:count], gaps)
 
-    def log_probs(self, count: int) -> np.ndarray:
-        """[count] log-probability of the chosen token in each of the first ``count`` rows."""
+    def distribution(self, row: int, temperature: float, topk: int) -> np.ndarray:
+        """[vocab] float64 probabilities CTranslate2's ``RandomSampler`` draws row ``row``'s
+        token from: softmax(edited logits / temperature) over the ``topk`` best (0: all)."""
+        logits = self.edited[row]
+        if 0 < topk < len(logits):
+            kept = np.argpartition(-logits, topk - 1)[:topk]
+            scaled = np.full(len(logits), -np.inf, dtype=np.float32)
+            scaled[kept] = logits[kept] / np.float32(temperature)
+        else:
+            scaled = logits / np.float32(temperature)
+        weights = np.exp(scaled - scaled.max()).astype(np.float64)
+        return weights / weights.sum()
+
+    def log_probs(self, tokens: Sequence[int]) -> np.ndarray:
+        """[len(tokens)] log-probability of tokens[j] under edited row j (CTranslate2's score
+        of a step: the log-softmax of the edited logits, at temperature 1 even when sampling)."""
+        count = len(tokens)
         rows = self.edited[:count]
-        return rows[np.arange(count), self.tokens[:count]] - _logsumexp_rows(rows)
+        return rows[np.arange(count), np.asarray(tokens, dtype=np.int64)] - _logsumexp_rows(rows)
 
 
 def _logsumexp_rows(values: np.ndarray) -> np.ndarray:

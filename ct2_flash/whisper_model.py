@@ -24,7 +24,7 @@ from faster_whisper import WhisperModel
 
 from .decoding import SpeculativeDecoder
 from .drafter_files import CheckpointError
-from .drafting import Drafter, GreedyOptions, PromptLookupDrafter
+from .drafting import Drafter, DecodingOptions, PromptLookupDrafter
 from .logit_rules import SpecialTokens
 from .models import embedded_name, resolve_model
 from .policy import SpeculationPolicy
@@ -37,13 +37,13 @@ logger = logging.getLogger("ct2_flash")
 # beam_size to 5, so it must be given explicitly).
 _GREEDY_DEFAULTS: Dict[str, Any] = {
     "asynchronous": False,
-    "num_hypotheses": 1,
     "repetition_penalty": 1,
     "no_repeat_ngram_size": 0,
     "return_logits_vocab": False,
 }
 _BEAM_SEARCH = "beam search is not speculative"
-_OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty")
+_OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
+                 "sampling_topk", "sampling_temperature", "num_hypotheses")
 
 # Default guard margins (logits). float32 rows are within 5e-5 of single steps; at int8 2.0 is
 # where identity stops improving (bench/results/guard_margin/int8.json).
@@ -83,11 +83,13 @@ def audio_frames(features) -> Optional[List[int]]:
 
 
 class SpeculativeWhisper:
-    """A ``ctranslate2.models.Whisper`` whose greedy ``generate()`` may run speculatively.
+    """A ``ctranslate2.models.Whisper`` whose ``generate()`` with ``beam_size=1`` (greedy or
+    sampling) may run speculatively.
 
-    ``policy`` decides per call (when the decoder is adaptive) whether the rows go through the
-    speculative loop or to the wrapped model's own ``generate()``. Every attribute not
-    defined here is the wrapped model's.
+    ``policy`` decides per greedy call (when the decoder is adaptive) whether the rows go
+    through the speculative loop or to the wrapped model's own ``generate()``; sampled calls
+    have a policy per temperature (``policy_for``), since how often the target agrees with a
+    draft depends on it. Every attribute not defined here is the wrapped model's.
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
@@ -95,6 +97,7 @@ class SpeculativeWhisper:
         self._model = model
         self.decoder = decoder
         self.policy = policy or SpeculationPolicy()
+        self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
         # The last encoder output and, per row, how many of its frames hold audio.
@@ -114,8 +117,16 @@ class SpeculativeWhisper:
         self._encoded_audio = (output, audio_frames(features))
         return output
 
+    def policy_for(self, options: DecodingOptions) -> SpeculationPolicy:
+        """The policy that decides calls decoded with ``options`` (one per temperature and top-k)."""
+        if not options.sampling:
+            return self.policy
+        key = (options.sampling_temperature, options.sampling_topk)
+        return self._sampling_policies.setdefault(key, SpeculationPolicy())
+
     def generate(self, features, prompts, **kwargs):
-        """CTranslate2's ``Whisper.generate``; greedy calls run speculatively, row by row."""
+        """CTranslate2's ``Whisper.generate``; calls with ``beam_size=1`` run speculatively,
+        row by row and hypothesis by hypothesis."""
         reason = self._fallback_reason(prompts, kwargs)
         if reason is not None:
             if reason not in self._fallback_reasons_logged:
@@ -128,38 +139,45 @@ class SpeculativeWhisper:
             self.stats.fallback_calls += 1
             return self._model.generate(features, prompts, **kwargs)
 
-        options = GreedyOptions(
+        options = DecodingOptions(  # bad options raise here, before anything is decoded
             suppress_tokens=tuple(int(t) for t in kwargs.get("suppress_tokens", (-1,))),
             **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
         )
         encoder_output = self._encoded(features)
         # Without adaptive (and while tests swap drafters in) every call drafts.
-        speculative = self.policy.speculate(len(prompts)) if self.decoder.adaptive else True
+        policy = self.policy_for(options)
+        # A seeded model samples in the loop only: which way a call goes depends on timings,
+        # and the loop's draws do not (CTranslate2's would differ).
+        repeatable = options.sampling and self.decoder.seeded
+        speculative = policy.speculate(len(prompts)) if self.decoder.adaptive and not repeatable else True
         started = time.perf_counter()
         if speculative:
             results = self._speculative_rows(encoder_output, prompts, options, kwargs)
         else:  # speculation measured slower: the very call faster-whisper makes
             results = self._model.generate(encoder_output, prompts, **kwargs)
             self.stats.generate_rows += len(prompts)
-        tokens = sum(len(result.sequences_ids[0]) + 1 for result in results)  # + end-of-text
-        self.policy.record(speculative, len(prompts), time.perf_counter() - started, tokens)
+        tokens = sum(len(ids) + 1 for result in results for ids in result.sequences_ids)  # + end-of-text
+        policy.record(speculative, len(prompts), time.perf_counter() - started, tokens)
         return results
 
-    def _speculative_rows(self, encoder_output, prompts, options: GreedyOptions, kwargs: Dict[str, Any]) -> list:
+    def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any]) -> list:
         rows = np.asarray(encoder_output)
         encoded, frames = self._encoded_audio
         frames = frames if encoded is encoder_output else None
         results = []
         for index, prompt in enumerate(prompts):
-            # Rows run one at a time: the patched decoder state has batch size 1.
+            # Rows (and hypotheses) run one at a time: the patched decoder state has batch size 1.
             row = encoder_output if len(prompts) == 1 else ctranslate2.StorageView.from_array(rows[index : index + 1])
-            decoded = self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
+            decoded = [self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
+                       for _ in range(options.num_hypotheses)]
+            # CTranslate2 returns independent samples best score first (a stable sort).
+            decoded.sort(key=lambda result: -result.score)
             results.append(
                 FlashGenerationResult(
-                    sequences=[[self._vocabulary[t] for t in decoded.tokens]],
-                    sequences_ids=[decoded.tokens],
-                    scores=[decoded.score] if kwargs.get("return_scores", False) else [],
-                    no_speech_prob=decoded.no_speech_prob if kwargs.get("return_no_speech_prob", False) else 0.0,
+                    sequences=[[self._vocabulary[t] for t in result.tokens] for result in decoded],
+                    sequences_ids=[result.tokens for result in decoded],
+                    scores=[result.score for result in decoded] if kwargs.get("return_scores", False) else [],
+                    no_speech_prob=decoded[0].no_speech_prob if kwargs.get("return_no_speech_prob", False) else 0.0,
                 )
             )
         return results
@@ -174,14 +192,11 @@ class SpeculativeWhisper:
     def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
         if kwargs.get("beam_size", 5) != 1:
             return _BEAM_SEARCH
-        if kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0:
-            return "temperature sampling is not speculative yet"
         for name, default in _GREEDY_DEFAULTS.items():
             if kwargs.get(name, default) != default:
                 return f"generate(..., {name}={kwargs[name]!r}) is not speculative"
         unknown = set(kwargs) - set(_GREEDY_DEFAULTS) - set(_OPTION_NAMES) - {
-            "beam_size", "patience", "sampling_topk", "sampling_temperature",
-            "suppress_tokens", "return_scores", "return_no_speech_prob",
+            "beam_size", "patience", "suppress_tokens", "return_scores", "return_no_speech_prob",
         }
         if unknown:
             return f"generate() options {sorted(unknown)} are not speculative"
@@ -191,7 +206,9 @@ class SpeculativeWhisper:
 
 
 class FlashWhisperModel(WhisperModel):
-    """faster-whisper's ``WhisperModel`` with exact speculative greedy decoding.
+    """faster-whisper's ``WhisperModel`` with exact speculative decoding: greedy
+    (``beam_size=1``) token for token, and temperature sampling (faster-whisper's fallback)
+    exactly in distribution.
 
     Args:
         model_size_or_path: an embedded model name (``"tiny.en"``) or a CTranslate2 model
@@ -231,6 +248,12 @@ class FlashWhisperModel(WhisperModel):
             wrote, and larger margins leave more entries to single passes: identity on 80 real
             windows was 73 at 1.0, 76 at 1.5, 77 at 2.0 and 77 at 3.0, with tokens per target
             call 1.20, 1.06, 0.98 and 0.85. 0 turns the guard off.
+        seed: makes sampled decoding repeatable: the same calls on the same model give the
+            same samples, whatever the drafter proposes (``decoding.SpeculativeDecoder``). With
+            a seed, sampled calls always run in the speculative loop (the policy's choice
+            depends on timings, and CTranslate2's ``generate()`` draws differently); it also
+            seeds CTranslate2 (``ctranslate2.set_random_seed``, process-wide). None: fresh
+            randomness. Greedy decoding draws nothing.
     """
 
     def __init__(
@@ -242,6 +265,7 @@ class FlashWhisperModel(WhisperModel):
         adaptive: bool = True,
         decoder_threads: Union[int, str, None] = "auto",
         guard_margin: Optional[float] = None,
+        seed: Optional[int] = None,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -277,8 +301,10 @@ class FlashWhisperModel(WhisperModel):
             runtime.prepare_recovery()
         if guard_margin is None:
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
+        if seed is not None:
+            ctranslate2.set_random_seed(seed)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
-                                     guard_margin=guard_margin)
+                                     guard_margin=guard_margin, seed=seed)
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy())
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):

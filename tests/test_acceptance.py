@@ -31,3 +31,130 @@ def test_greedy_accept(name, drafts, target_rows, accepted, next_token, rows_rea
     # Rows are read in order and never past the first mismatch.
     assert read == list(range(rows_read)), name
     assert outcome.emitted == accepted + (next_token is not None)
+
+
+# --- speculative sampling: the output is distributed as the target's own sampling -------------
+
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ct2_flash.acceptance import draw, sample_accept  # noqa: E402
+
+VOCAB = 6
+SAMPLING_EOT = 5
+FALSE_ALARM_Z = 3.09  # one-sided normal quantile of 1e-3: each check fails by chance 1 in 1000
+
+
+def chi_square_critical(df: int) -> float:
+    """The chi-square quantile at 1 - 1e-3 (Wilson-Hilferty; within 1% for df >= 3)."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + FALSE_ALARM_Z * math.sqrt(a)) ** 3
+
+
+def assert_distributed_as(counts: np.ndarray, expected: np.ndarray) -> None:
+    """Pearson's chi-square test of ``counts`` against probabilities ``expected``."""
+    n = counts.sum()
+    cells = expected > 0
+    assert counts[~cells].sum() == 0, "a token the target never samples was emitted"
+    statistic = float((((counts - n * expected) ** 2)[cells] / (n * expected[cells])).sum())
+    assert statistic < chi_square_critical(int(cells.sum()) - 1), (statistic, counts, expected)
+
+
+def target(prefix) -> np.ndarray:
+    """A scripted target: the next-token distribution depends on the previous token."""
+    table = np.array([[0.40, 0.25, 0.15, 0.10, 0.05, 0.05],
+                      [0.05, 0.05, 0.60, 0.10, 0.10, 0.10],
+                      [0.30, 0.00, 0.30, 0.00, 0.20, 0.20],
+                      [0.10, 0.20, 0.30, 0.25, 0.15, 0.00],
+                      [0.00, 0.50, 0.00, 0.50, 0.00, 0.00],
+                      [1 / 6] * 6])  # after end-of-text: drafts may run on, nothing is kept
+    return table[prefix[-1] if prefix else 0]
+
+
+DRAFTERS = {
+    # name -> (distribution given the prefix, or None for a proposal made outright, fixed token)
+    "same as the target": lambda prefix: target(prefix),
+    "far from the target": lambda prefix: np.array([0.02, 0.02, 0.02, 0.02, 0.9, 0.02]),
+    "no mass where the target has some": lambda prefix: np.array([0.0, 0.0, 0.0, 0.5, 0.5, 0.0]),
+    "proposed outright": None,
+}
+
+
+def sample_prefix(drafter, length: int, k: int, rng: np.random.Generator) -> tuple:
+    """Run the loop (propose k, verify, accept) until ``length`` tokens are out; the first ones."""
+    out: list = []
+    while len(out) < length and (not out or out[-1] != SAMPLING_EOT):
+        drafts, rows = [], []
+        for _ in range(k):
+            prefix = out + drafts
+            if drafter is None:
+                drafts.append(int(np.argmax(target(prefix))) if prefix else 3)  # a fixed, often wrong guess
+                rows.append(None)
+            else:
+                q = drafter(prefix)
+                drafts.append(draw(q, rng.random()))
+                rows.append(q)
+        outcome = sample_accept(drafts, lambda j: target(out + drafts[:j]), lambda j: rows[j],
+                                lambda j: tuple(rng.random(2)), SAMPLING_EOT)
+        out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])
+    return tuple(out[:length])
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_speculative_sampling_matches_the_target_in_distribution(name):
+    """First-token and two-token joint distributions of the loop equal the target's (chi-square,
+    fixed seed, false-alarm rate 1e-3 per check), whatever the drafter proposes."""
+    rng = np.random.default_rng(11)
+    draws = 6000
+    first = np.zeros(VOCAB)
+    joint = np.zeros((VOCAB, VOCAB))
+    for i in range(draws):
+        tokens = sample_prefix(DRAFTERS[name], 2, k=1 + i % 3, rng=rng)
+        first[tokens[0]] += 1
+        if len(tokens) == 2:
+            joint[tokens] += 1
+    assert_distributed_as(first, target([]))
+    expected = target([])[:, None] * np.stack([target([a]) for a in range(VOCAB)])
+    expected[SAMPLING_EOT] = 0.0  # nothing follows end-of-text
+    assert_distributed_as(joint.ravel(), expected.ravel() / expected.sum())
+
+
+def test_rejection_draws_from_the_residual_and_draw_follows_weights():
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
+    # q puts all its mass on the draft (token 0), p only half: kept half of the time, and when
+    # rejected the recovered token comes from max(0, p - q), which is all on token 1.
+    q = np.array([1.0, 0, 0, 0, 0, 0])
+    outcomes = [sample_accept([0], lambda j: p, lambda j: q, lambda j: tuple(rng.random(2)), SAMPLING_EOT)
+                for _ in range(400)]
+    rejected = [o.next_token for o in outcomes if o.accepted == 0]
+    assert set(rejected) == {1} and 150 < len(rejected) < 250
+    counts = np.bincount([draw(np.array([0.0, 3.0, 1.0, 0.0]), rng.random()) for _ in range(8000)], minlength=4)
+    assert_distributed_as(counts.astype(float), np.array([0.0, 0.75, 0.25, 0.0]))
+    # An accepted end-of-text ends the block with no bonus token.
+    eot_sure = np.eye(VOCAB)[SAMPLING_EOT]
+    for rows in (lambda j: eot_sure, lambda j: None):
+        outcome = sample_accept([SAMPLING_EOT, 1], lambda j: eot_sure, rows, lambda j: tuple(rng.random(2)), SAMPLING_EOT)
+        assert (outcome.accepted, outcome.next_token) == (1, None)
+
+
+def test_with_drafts_proposed_outright_the_output_is_plain_sampling_with_the_same_uniforms():
+    """Whatever is drafted, each emitted token is the one the target alone would draw with the
+    same per-position uniforms: a seeded run repeats across drafters and draft lengths."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        fixed = rng.random((8, 2))
+        plain = []
+        for position in range(4):
+            plain.append(draw(target(plain), fixed[position][1]))
+            if plain[-1] == SAMPLING_EOT:
+                break
+        out = []
+        while len(out) < len(plain) and (not out or out[-1] != SAMPLING_EOT):
+            drafts = [int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(0, 4)))]
+            start = len(out)
+            outcome = sample_accept(drafts, lambda j: target(out + drafts[:j]), lambda j: None,
+                                    lambda j: tuple(fixed[start + j]), SAMPLING_EOT)
+            out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])
+        assert out[: len(plain)] == plain

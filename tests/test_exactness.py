@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from ct2_flash.drafting import GreedyOptions
+from ct2_flash.drafting import DecodingOptions
 from ct2_flash.exactness import compare_window
 from ct2_flash.policy import SpeculationPolicy
 from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
@@ -122,7 +122,7 @@ def test_int8_differences_are_ambiguous(model_path, clips, kind):
             encoder_output = flash.encode_window(audio)
             # timestamps on and off, each plain and after previous text
             for prompt in ([50257], [50360, *previous, 50257], [50257, 50362], [50360, *previous, 50257, 50362]):
-                comparisons.append((name, compare_window(decoder, encoder_output, prompt, GreedyOptions())))
+                comparisons.append((name, compare_window(decoder, encoder_output, prompt, DecodingOptions())))
     differences = [(name, c.first_difference, c.reference_margin) for name, c in comparisons if not c.identical]
     print(f"int8, {kind}: {len(comparisons) - len(differences)}/{len(comparisons)} windows identical; "
           f"differences (clip, index, target's top-2 margin): {differences}")

@@ -89,7 +89,7 @@ def test_packed_windowed_blocks_equal_rounds_that_read_the_window(tiny_model):
     """Training's cross-attention mask reads what a round reads after ``observe_position``
     (the slice ``audio_window_span`` gives), with and without the attention weights the
     AnchorDraft loss needs."""
-    from ct2_flash.drafting import DraftWindow, GreedyOptions, audio_window_span
+    from ct2_flash.drafting import DraftWindow, DecodingOptions, audio_window_span
 
     model, k = tiny_model, tiny_model.config.num_draft_tokens
     torch.manual_seed(2)
@@ -98,7 +98,7 @@ def test_packed_windowed_blocks_equal_rounds_that_read_the_window(tiny_model):
     history = torch.randn(1, 6, 16)
     drafter = FlashDrafter(model, precision="float32", min_confidence=0.0, audio_window=window)
     assert drafter.wants_position
-    drafter.begin(DraftWindow(encoder[0].numpy(), (1, 2), GreedyOptions(), 49))
+    drafter.begin(DraftWindow(encoder[0].numpy(), (1, 2), DecodingOptions(), 49))
     drafter.advance(history[0].numpy(), 7)
     drafter.observe_position(237)
     start, stop = audio_window_span(237, frames, window)
@@ -138,11 +138,11 @@ def test_block_is_bidirectional(tiny_model):
 def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
     import numpy as np
 
-    from ct2_flash.drafting import DraftWindow, GreedyOptions
+    from ct2_flash.drafting import DraftWindow, DecodingOptions
 
     model, k = tiny_model, tiny_model.config.num_draft_tokens
     rng = np.random.default_rng(0)
-    window = DraftWindow(rng.normal(size=(7, 16)).astype(np.float32), (1, 2), GreedyOptions(), eot=49)
+    window = DraftWindow(rng.normal(size=(7, 16)).astype(np.float32), (1, 2), DecodingOptions(), eot=49)
     states = rng.normal(size=(4, 16)).astype(np.float32)  # positions 1..4: prompt end + 3 tokens
     with torch.no_grad():
         cached = model.history_kv(model.project_history(torch.from_numpy(states)[None]), torch.arange(1, 5)[None])

@@ -9,7 +9,7 @@ timestamps on and off, a forced prefix, previous text and the suppression option
 import numpy as np
 import pytest
 
-from ct2_flash.drafting import GreedyOptions
+from ct2_flash.drafting import DecodingOptions
 
 from .test_target import encode, prompts
 
@@ -35,7 +35,7 @@ def test_disabled_tokens_match_ctranslate2(float32_pair, windows, name, options)
     flash = float32_pair.flash
     decoder = flash.model.decoder
     prompt = prompts(flash)[name]
-    greedy = GreedyOptions(
+    greedy = DecodingOptions(
         suppress_tokens=tuple(options.get("suppress_tokens", (-1,))),
         **{k: v for k, v in options.items() if k != "suppress_tokens"},
     )
@@ -113,7 +113,7 @@ def test_block_rules_equal_per_row_rules_on_random_rows(seed):
     np.testing.assert_array_equal(np.isneginf(block.edited), np.isneginf(edited))
     np.testing.assert_array_equal(block.edited, edited)
     np.testing.assert_allclose(block.margins(len(tokens)), margins, rtol=1e-6)
-    np.testing.assert_allclose(block.log_probs(len(tokens)), log_probs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(block.log_probs(block.tokens), log_probs, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["timestamps", "no timestamps", "previous text"])
@@ -122,7 +122,7 @@ def test_block_rules_equal_per_row_rules_on_real_rows(float32_pair, windows, nam
     flash = float32_pair.flash
     decoder = flash.model.decoder
     prompt = prompts(flash)[name]
-    rules = decoder.rules_for(prompt, GreedyOptions())
+    rules = decoder.rules_for(prompt, DecodingOptions())
     blocks = 0
     for window in windows:
         tokens = list(flash.model._model.generate(window, [prompt], beam_size=1)[0].sequences_ids[0])
@@ -137,6 +137,27 @@ def test_block_rules_equal_per_row_rules_on_real_rows(float32_pair, windows, nam
             np.testing.assert_array_equal(block.tokens, reference[0])
             np.testing.assert_array_equal(block.edited, reference[3])
             np.testing.assert_allclose(block.margins(len(raw)), reference[1], rtol=1e-6)
-            np.testing.assert_allclose(block.log_probs(len(raw)), reference[2], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(block.log_probs(block.tokens), reference[2], rtol=1e-6, atol=1e-6)
             blocks += 1
     assert blocks > 10
+
+
+def test_sampling_distribution_is_the_tempered_softmax_of_the_edited_row_over_the_top_k():
+    rng = np.random.default_rng(3)
+    rules = LogitRules(special=SMALL, suppress_ids=(3, 4), suppress_begin_ids=(), timestamps=True, sample_begin=0,
+                       max_initial_timestamp_id=TS + 5)
+    raw = rng.normal(0, 3, size=(2, SMALL.vocab_size)).astype(np.float32)
+    block = rules.choose_block(raw, [TS + 1, 9], [11])
+    for temperature, topk in ((1.0, 0), (0.5, 0), (2.0, 5)):
+        p = block.distribution(1, temperature, topk)
+        edited = block.edited[1].astype(np.float64)
+        expected = np.where(np.isneginf(edited), 0.0, np.exp((edited - edited.max()) / temperature))
+        if topk:
+            expected[np.argsort(-edited)[topk:]] = 0.0
+        np.testing.assert_allclose(p, expected / expected.sum(), rtol=1e-5, atol=1e-12)
+        assert p[3] == p[4] == 0.0  # suppressed tokens are never drawn
+    # The score of a drawn token is its log-softmax at temperature 1, whichever token it is.
+    token = int(np.flatnonzero(block.distribution(0, 1.0, 0))[0])
+    edited = block.edited[0].astype(np.float64)
+    expected = edited[token] - np.log(np.sum(np.exp(edited - edited.max()))) - edited.max()
+    assert block.log_probs([token])[0] == pytest.approx(expected, abs=1e-5)

@@ -154,12 +154,12 @@ def test_model_runs_a_converted_directory_without_pytorch_modules(converted, mod
 
 def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     """advance() after a rollback keeps exactly the rows before the new cache length."""
-    from ct2_flash.drafting import DraftWindow, GreedyOptions
+    from ct2_flash.drafting import DraftWindow, DecodingOptions
     from ct2_flash.flash_drafter import FlashDrafter
 
     out, _ = converted
     rng = np.random.default_rng(0)
-    window = DraftWindow(rng.normal(size=(200, 384)).astype(np.float32), (50257, 50362), GreedyOptions(), 50256)
+    window = DraftWindow(rng.normal(size=(200, 384)).astype(np.float32), (50257, 50362), DecodingOptions(), 50256)
     exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
     reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
     states = rng.normal(size=(12, 384)).astype(np.float32)
@@ -175,7 +175,7 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):
     """With ``audio_window``, a round reads the frames around where the target reads, and
     proposes what the drafter proposes for exactly those frames (audio keys are per frame)."""
-    from ct2_flash.drafting import WINDOW_STRIDE, DraftWindow, GreedyOptions
+    from ct2_flash.drafting import WINDOW_STRIDE, DraftWindow, DecodingOptions
 
     out, _ = converted
     rng = np.random.default_rng(1)
@@ -184,12 +184,12 @@ def test_audio_window_reads_the_frames_around_the_position(model_path, converted
     windowed = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0, audio_window=(50, 150))
     whole = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0, audio_window=None)
     assert windowed.wants_position and not whole.wants_position
-    windowed.begin(DraftWindow(audio, (50257, 50362), GreedyOptions(), 50256))
+    windowed.begin(DraftWindow(audio, (50257, 50362), DecodingOptions(), 50256))
     windowed.advance(states, 7)
     windowed.observe_position(640)
     start, stop = windowed._audio_span
     assert start <= 640 - 50 < start + WINDOW_STRIDE and stop - 640 >= 150 and start % WINDOW_STRIDE == 0
-    whole.begin(DraftWindow(audio[start:stop], (50257, 50362), GreedyOptions(), 50256))
+    whole.begin(DraftWindow(audio[start:stop], (50257, 50362), DecodingOptions(), 50256))
     whole.advance(states, 7)
     a, b = windowed.propose([1, 2, 3], 8), whole.propose([1, 2, 3], 8)
     assert a.tokens == b.tokens
@@ -197,7 +197,7 @@ def test_audio_window_reads_the_frames_around_the_position(model_path, converted
     # Near the end the window stays inside the audio; a short window is read whole.
     windowed.observe_position(1499)
     assert windowed._audio_span[1] == 1500 and windowed._audio_span[1] - windowed._audio_span[0] >= 200
-    windowed.begin(DraftWindow(audio, (50257, 50362), GreedyOptions(), 50256, audio_frames=100))
+    windowed.begin(DraftWindow(audio, (50257, 50362), DecodingOptions(), 50256, audio_frames=100))
     windowed.observe_position(80)
     assert windowed._audio_span == (0, 150)
     with pytest.raises(ValueError, match="audio_window"):

@@ -227,10 +227,10 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
 
 
 def test_drafter_audio_keeps_a_second_after_the_audio():
-    from ct2_flash.drafting import PADDING_FRAMES_SEEN, DraftWindow, GreedyOptions
+    from ct2_flash.drafting import PADDING_FRAMES_SEEN, DraftWindow, DecodingOptions
 
     output = np.arange(1500 * 2, dtype=np.float32).reshape(1500, 2)
-    assert DraftWindow(output, (1,), GreedyOptions(), 2).drafter_audio().shape == (1500, 2)
-    cut = DraftWindow(output, (1,), GreedyOptions(), 2, audio_frames=100).drafter_audio()
+    assert DraftWindow(output, (1,), DecodingOptions(), 2).drafter_audio().shape == (1500, 2)
+    cut = DraftWindow(output, (1,), DecodingOptions(), 2, audio_frames=100).drafter_audio()
     np.testing.assert_array_equal(cut, output[: 100 + PADDING_FRAMES_SEEN])
-    assert DraftWindow(output, (1,), GreedyOptions(), 2, audio_frames=1490).drafter_audio().shape == (1500, 2)
+    assert DraftWindow(output, (1,), DecodingOptions(), 2, audio_frames=1490).drafter_audio().shape == (1500, 2)

@@ -229,7 +229,7 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
         {"positions", "top1_agreement" (all draft positions), "top1_agreement_by_position",
         "max_log_prob_difference"}: the last is over positions where both chose the same token.
     """
-    from ..drafting import DraftWindow, GreedyOptions
+    from ..drafting import DraftWindow, DecodingOptions
     from ..flash_drafter import FlashDrafter
 
     reference = FlashDrafter(model, precision="float32", min_confidence=0.0)
@@ -237,7 +237,7 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
     k = model.config.num_draft_tokens
     agree, total, worst, anchors = np.zeros(k), 0, 0.0, 0
     for window in windows:
-        draft_window = DraftWindow(window.encoder_output, window.prompt, GreedyOptions(), eot=-1)
+        draft_window = DraftWindow(window.encoder_output, window.prompt, DecodingOptions(), eot=-1)
         for drafter in (reference, exported):
             drafter.begin(draft_window)
         for i in range(len(window.tokens) - 1):

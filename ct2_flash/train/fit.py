@@ -345,7 +345,7 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example],
     drafter reading ``audio_window`` around the target's position, as at run time)."""
     from ctranslate2 import StorageView
 
-    from ..drafting import GreedyOptions
+    from ..drafting import DecodingOptions
     from ..testing import using_drafter
 
     model.eval()
@@ -355,7 +355,7 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example],
     with using_drafter(decoder, FlashDrafter(model, min_confidence=0.0, audio_window=audio_window)):
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
-            decoder.decode(encoder_output, [int(t) for t in example.prompt], GreedyOptions(),
+            decoder.decode(encoder_output, [int(t) for t in example.prompt], DecodingOptions(),
                            audio_frames=example.audio_frames)
     rounds = max(1, stats.draft_rounds)
     return {

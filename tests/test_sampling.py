@@ -1,0 +1,124 @@
+"""Temperature sampling through the speculative loop: the target's distribution, seeded
+repeats, faster-whisper's options and fallback (statistical tests, never speed)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from ct2_flash import FlashWhisperModel
+from ct2_flash.drafting import DecodingOptions
+from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
+
+from .conftest import THREADS
+from .test_acceptance import chi_square_critical
+
+SAMPLED = dict(beam_size=1, sampling_topk=0, sampling_temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def seeded(model_path):
+    return FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, adaptive=False, seed=7)
+
+
+def two_sample_statistic(a: Counter, b: Counter) -> tuple:
+    """Chi-square statistic of two equal-size samples over categories (those seen fewer than 10
+    times in both together are pooled into one), and its degrees of freedom."""
+    common = [c for c in set(a) | set(b) if a[c] + b[c] >= 10]
+    rest = (sum(a.values()) - sum(a[c] for c in common), sum(b.values()) - sum(b[c] for c in common))
+    cells = [(a[c], b[c]) for c in common] + ([rest] if sum(rest) else [])
+    statistic = sum((x - y) ** 2 / (x + y) for x, y in cells)
+    return statistic, len(cells) - 1
+
+
+@pytest.mark.parametrize("prompt_name", ["timestamps", "no timestamps"])
+def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt_name):
+    """At T = 1, the first three tokens sampled through the loop (a drafter that proposes the
+    target's greedy tokens, so drafts are accepted and rejected) follow CTranslate2's own
+    sampling: two-sample chi-square over 400 draws each, false-alarm rate 1e-3."""
+    flash = seeded
+    encoder_output = flash.encode_window(clips["clip01_slt.ogg"])
+    prompt = [50257] if prompt_name == "timestamps" else [50257, 50362]
+    draws = 400
+    options = dict(SAMPLED, max_length=len(prompt) + 6)  # 3 steps: min(max_length // 2, max_length - context)
+    reference = flash.model._model.generate(encoder_output, [prompt], num_hypotheses=draws, **options)[0]
+    theirs = Counter(tuple(ids[:3]) for ids in reference.sequences_ids)
+    with using_drafter(flash.model.decoder, OracleDrafter(flash.reference_model)):
+        ours = Counter(tuple(flash.model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
+                       for _ in range(draws))
+        stats = flash.spec_stats
+    assert stats.draft_rounds > 0 and 0 < stats.acceptance_rate < 1  # drafts were judged both ways
+    for length in (1, 3):
+        a = Counter({k[:length]: 0 for k in ours})
+        b = Counter({k[:length]: 0 for k in theirs})
+        for key, count in ours.items():
+            a[key[:length]] += count
+        for key, count in theirs.items():
+            b[key[:length]] += count
+        statistic, df = two_sample_statistic(a, b)
+        assert df >= 1 and statistic < chi_square_critical(max(df, 3)), (length, a.most_common(8), b.most_common(8))
+
+
+def test_seeded_sampling_repeats_whatever_the_drafter(model_path, clips):
+    """Two models with the same seed give the same samples call for call, with different
+    drafters (the draws are fixed per output position); another seed gives others."""
+    audio = clips["clip04_slt.ogg"]
+    runs = []
+    for seed, drafter in ((3, "oracle"), (3, "random"), (3, None), (4, None)):
+        flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, seed=seed)
+        encoder_output = flash.encode_window(audio)
+        chosen = {"oracle": OracleDrafter(flash.reference_model), "random": RandomDrafter(51864, seed=1),
+                  None: flash.model.decoder.drafter}[drafter]
+        with using_drafter(flash.model.decoder, chosen):
+            results = [flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
+                                            sampling_temperature=t, num_hypotheses=2, return_scores=True)[0]
+                       for t in (0.6, 1.0)]
+        runs.append([(r.sequences_ids, [round(s, 4) for s in r.scores]) for r in results])
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[3] != runs[0]
+
+
+def test_best_of_returns_hypotheses_best_score_first(seeded, clips):
+    flash = seeded
+    encoder_output = flash.encode_window(clips["clip02_awb.ogg"])
+    result = flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0, sampling_temperature=0.8,
+                                  num_hypotheses=4, return_scores=True, return_no_speech_prob=True)[0]
+    assert len(result.sequences_ids) == len(result.sequences) == len(result.scores) == 4
+    assert result.scores == sorted(result.scores, reverse=True) and all(math.isfinite(s) for s in result.scores)
+    reference = flash.model._model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
+                                            sampling_temperature=0.8, return_no_speech_prob=True)[0]
+    assert result.no_speech_prob == pytest.approx(reference.no_speech_prob, abs=1e-6)
+
+
+def test_transcribe_runs_the_temperature_fallback_through_the_loop(seeded, clips):
+    """faster-whisper's fallback retries (temperature > 0, best_of) are speculative calls now."""
+    flash = seeded
+    flash.reset_spec_stats()
+    # A compression-ratio threshold no window passes forces every retry down the list.
+    segments, _ = flash.transcribe(clips["clip03_rms.ogg"], beam_size=1, temperature=[0.0, 0.5, 1.0], best_of=2,
+                                   compression_ratio_threshold=0.1)
+    assert list(segments)
+    stats = flash.spec_stats
+    assert stats.fallback_calls == 0 and stats.generate_calls >= 1 + 2 * 2
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(sampling_temperature=-0.5, sampling_topk=0), "sampling_temperature"),
+    (dict(sampling_temperature=float("nan"), sampling_topk=0), "sampling_temperature"),
+    (dict(sampling_temperature=float("inf"), sampling_topk=0), "sampling_temperature"),
+    (dict(sampling_topk=-1), "sampling_topk"),
+    (dict(num_hypotheses=0, sampling_topk=0), "number of hypotheses"),
+    (dict(num_hypotheses=3), "number of hypotheses"),
+])
+def test_bad_sampling_options_fail_before_decoding(seeded, clips, options, message):
+    flash = seeded
+    encoder_output = flash.encode_window(clips["clip02_awb.ogg"])
+    calls = flash.spec_stats.target_calls
+    with pytest.raises(ValueError, match=message):
+        flash.model.generate(encoder_output, [[50257]], beam_size=1, **options)
+    assert flash.spec_stats.target_calls == calls
+    with pytest.raises(ValueError, match=message):
+        DecodingOptions(**options)
