@@ -105,7 +105,7 @@ def _bench(args: argparse.Namespace) -> int:
                          threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
                          without_timestamps=args.no_timestamps, stock_python=stock_python,
                          batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
-                         guard_margin=args.guard_margin)
+                         guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of)
     try:
         document = run(config, utterances)
     except ValueError as error:  # unreadable or empty audio
@@ -119,7 +119,7 @@ def _bench(args: argparse.Namespace) -> int:
         summary = setting["summary"]
         decode, whole = summary["speedup"]["decode"], summary["speedup"]["whole"]
         identity = summary["token_identity"]
-        print(f"{setting['compute_type']}, {setting['threads']} thread(s), {setting['drafter']}: "
+        print(f"{setting['compute_type']}, {setting['threads']} thread(s), T={setting['temperature']:g}, {setting['drafter']}: "
               f"decode {decode['speedup']:.2f}x [{decode['low']:.2f}, {decode['high']:.2f}], "
               f"whole {whole['speedup']:.2f}x [{whole['low']:.2f}, {whole['high']:.2f}], "
               f"identical {identity['identical']}/{identity['of']}, calls speculative / generate() "
@@ -217,6 +217,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="FlashWhisperModel(guard_margin=...) (default: the model's, by compute type)")
     bench.add_argument("--batch-sizes", nargs="*", type=int, default=[],
                        help="also compare BatchedInferencePipeline at these batch sizes (e.g. 1 2 4 8 16)")
+    bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0],
+                       help="one setting per sampling temperature (0: greedy), no fallback between them")
+    bench.add_argument("--best-of", type=int, default=1, help="hypotheses per window at temperatures above 0")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
     convert = commands.add_parser("convert-drafter", help="a drafter checkpoint -> ONNX graphs the runtime runs (needs [train])")
     convert.add_argument("checkpoint", help="drafter checkpoint directory (drafter.json + drafter.safetensors)")

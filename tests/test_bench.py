@@ -133,6 +133,27 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_runs_sampling_settings_through_the_loop(tmp_path):
+    """``--temperatures``: one setting per temperature; the sampled one decodes in the loop
+    and is judged by WER with an interval, not by token identity."""
+    from ct2_flash.cli import main
+
+    manifest = tmp_path / "one.tsv"
+    write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip04_slt.ogg"), "a reference text")])
+    out = tmp_path / "out"
+    code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
+                 "--compute-types", "float32", "--temperatures", "0", "0.8", "--out", str(out)])
+    assert code == 0
+    greedy, sampled = json.loads((out / "bench.json").read_text())["settings"]
+    assert (greedy["temperature"], sampled["temperature"]) == (0.0, 0.8)
+    assert greedy["summary"]["token_identity"] == {"identical": 1, "of": 1}
+    summary = sampled["summary"]
+    assert summary["speculative_rows"] >= 1 and summary["generate_rows"] == 0 and summary["draft_rounds"] > 0
+    for system in ("baseline", "flash"):
+        interval = summary["systems"][system]["wer_interval"]
+        assert interval["low"] <= interval["wer"] <= interval["high"]
+
+
 def test_bench_refuses_unreadable_audio(tmp_path, capsys):
     from ct2_flash.cli import main
 

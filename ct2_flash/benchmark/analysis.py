@@ -64,3 +64,33 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> Opt
     if not pairs:
         return None
     return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
+
+
+def word_error_rate_interval(references: Sequence[str], hypotheses: Sequence[str], samples: int = 2000,
+                             confidence: float = 0.95, seed: int = 0) -> Optional[Dict[str, float]]:
+    """Corpus WER (as ``word_error_rate``) with a bootstrap interval over utterances: sampled
+    transcripts differ by chance, so their WERs are compared with their spread.
+
+    Returns:
+        {"wer", "low", "high"}, or None without any reference text.
+    """
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    normalise = EnglishTextNormalizer()
+    pairs = [(normalise(r), normalise(h)) for r, h in zip(references, hypotheses) if r and r.strip()]
+    pairs = [(r, h) for r, h in pairs if r.strip()]
+    if not pairs:
+        return None
+    errors, words = np.zeros(len(pairs)), np.zeros(len(pairs))
+    for i, (reference, hypothesis) in enumerate(pairs):
+        # An empty hypothesis is all deletions (jiwer refuses empty strings).
+        output = jiwer.process_words(reference, hypothesis) if hypothesis.strip() else None
+        words[i] = len(reference.split())
+        errors[i] = words[i] if output is None else output.substitutions + output.deletions + output.insertions
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, len(pairs), size=(samples, len(pairs)))
+    rates = errors[index].sum(1) / words[index].sum(1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(rates, [tail, 1 - tail])
+    return {"wer": float(errors.sum() / words.sum()), "low": float(low), "high": float(high)}

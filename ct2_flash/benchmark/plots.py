@@ -21,7 +21,8 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     settings = document["settings"]
-    labels = [f"{s['compute_type']}, {s['threads']} thr" for s in settings]
+    labels = [f"{s['compute_type']}, {s['threads']} thr" + (f", T={s['temperature']:g}" if s.get("temperature") else "")
+              for s in settings]
     paths = []
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)

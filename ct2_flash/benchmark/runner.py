@@ -1,4 +1,5 @@
-"""The timed runs: plain faster-whisper greedy against ``FlashWhisperModel`` on the same audio.
+"""The timed runs: plain faster-whisper against ``FlashWhisperModel`` on the same audio, greedy
+or at fixed sampling temperatures (``temperatures``).
 
 Both systems (and, with ``--stock``, faster-whisper on stock CTranslate2 in a worker process)
 run on audio decoded once, after a warm-up, interleaved per utterance in every order of the
@@ -21,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..measure import Measurement, measure
-from .analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate
+from .analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate, word_error_rate_interval
 from .manifest import Utterance
 from .stock import StockWorker
 
@@ -48,6 +49,10 @@ class BenchConfig:
             (worth it on recordings longer than one 30 s window).
         decoder_threads: ``FlashWhisperModel(decoder_threads=...)``.
         guard_margin: ``FlashWhisperModel(guard_margin=...)``; None for the model's default.
+        temperatures: one setting per temperature: ``transcribe(temperature=t)`` (one value, so
+            no fallback) for both systems; 0 is greedy, above 0 samples ``best_of`` hypotheses
+            per window. Sampled outputs are compared by WER, not token for token.
+        best_of: ``transcribe(best_of=...)`` at temperatures above 0.
     """
 
     model: str = "tiny.en"
@@ -61,8 +66,14 @@ class BenchConfig:
     batch_sizes: Tuple[int, ...] = ()
     decoder_threads: Union[int, None, str] = "auto"
     guard_margin: Optional[float] = None
+    temperatures: Tuple[float, ...] = (0.0,)
+    best_of: int = 1
 
     def __post_init__(self) -> None:
+        if not self.temperatures or not all(np.isfinite(t) and t >= 0 for t in self.temperatures):
+            raise ValueError("temperatures must be finite numbers >= 0")
+        if self.best_of < 1:
+            raise ValueError("best_of must be >= 1")
         if any(size < 1 for size in self.batch_sizes):
             raise ValueError("batch sizes must be >= 1")
         if self.repeats < 1 or self.num_draft_tokens < 1:
@@ -108,8 +119,8 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
 
 
 def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
-                compute_type: str, threads: int, progress: bool = True) -> dict:
-    """Measure one (compute type, threads) setting; returns its report section."""
+                compute_type: str, threads: int, progress: bool = True, temperature: float = 0.0) -> dict:
+    """Measure one (compute type, threads, temperature) setting; returns its report section."""
     from faster_whisper import WhisperModel
 
     from ..models import resolve_model
@@ -118,7 +129,8 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flash = _flash_model(config, path, compute_type, threads)
     stock = StockWorker(config.stock_python, path, compute_type, threads) if config.stock_python else None
-    options = dict(beam_size=1, without_timestamps=config.without_timestamps)
+    options = dict(beam_size=1, without_timestamps=config.without_timestamps, temperature=temperature,
+                   best_of=config.best_of)
 
     def run_flash(key, samples, seed):
         flash.reset_spec_stats()
@@ -134,14 +146,16 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         if config.drafter == "oracle":  # the oracle decodes each window once, then replays it
             for utterance in utterances[1:]:
                 measure(flash, audio[utterance.path], **options)
-        runs = _interleave(systems, utterances, audio, config.repeats, f"{compute_type}, {threads} thread(s)", progress)
+        runs = _interleave(systems, utterances, audio, config.repeats,
+                           f"{compute_type}, {threads} thread(s), T={temperature:g}", progress)
         for run in runs:
             run["flash"], run["stats"] = [m for m, _ in run["flash"]], [stats for _, stats in run["flash"]]
     finally:
         if stock is not None:
             stock.close()
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
-    return {"compute_type": compute_type, "threads": threads, "drafter": type(flash.drafter).__name__,
+    return {"compute_type": compute_type, "threads": threads, "temperature": temperature,
+            "drafter": type(flash.drafter).__name__,
             "stock_ctranslate2": stock.version if stock is not None else None,
             "summary": summarise(rows), "utterances": rows}
 
@@ -311,6 +325,8 @@ def summarise(rows: Sequence[dict]) -> dict:
             "time_split_seconds": split,
             "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
             if system != "stock" else None,
+            "wer_interval": word_error_rate_interval([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
+            if system != "stock" else None,
         }
     buckets = {}
     for label in bucket_labels():
@@ -367,12 +383,13 @@ def run(config: BenchConfig, utterances: Sequence[Utterance], progress: bool = T
     settings = []
     for compute_type in config.compute_types:
         for threads in config.threads:
-            setting = run_setting(config, utterances, audio, compute_type, threads, progress)
-            if config.batch_sizes:
-                setting["batched"] = run_batched(config, utterances, audio, compute_type, threads, progress)
-            settings.append(setting)
+            for temperature in config.temperatures:
+                setting = run_setting(config, utterances, audio, compute_type, threads, progress, temperature)
+                if config.batch_sizes and temperature == 0:
+                    setting["batched"] = run_batched(config, utterances, audio, compute_type, threads, progress)
+                settings.append(setting)
     return {
-        "what": "faster-whisper greedy vs ct2-flash (FlashWhisperModel), same engine, same decoded audio",
+        "what": "faster-whisper vs ct2-flash (FlashWhisperModel), same engine, same decoded audio",
         "config": dataclasses.asdict(config),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         "wall_seconds": time.time() - started,
