@@ -53,6 +53,9 @@ class BenchConfig:
             no fallback) for both systems; 0 is greedy, above 0 samples ``best_of`` hypotheses
             per window. Sampled outputs are compared by WER, not token for token.
         best_of: ``transcribe(best_of=...)`` at temperatures above 0.
+        adaptive: ``FlashWhisperModel(adaptive=...)``: False drafts every round of every call
+            (what the loop and the drafter can do), True is the default model (the policy
+            sends calls where drafting does not pay to ``generate()``).
     """
 
     model: str = "tiny.en"
@@ -68,6 +71,7 @@ class BenchConfig:
     guard_margin: Optional[float] = None
     temperatures: Tuple[float, ...] = (0.0,)
     best_of: int = 1
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if not self.temperatures or not all(np.isfinite(t) and t >= 0 for t in self.temperatures):
@@ -107,7 +111,8 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
         drafter = PromptLookupDrafter()
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
                               guard_margin=config.guard_margin,
-                              num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter)
+                              num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter,
+                              adaptive=config.adaptive)
     if drafter == "oracle":
         from ..testing import OracleDrafter
 
