@@ -21,8 +21,6 @@ import statistics
 import time
 from collections import defaultdict
 
-import numpy as np
-
 
 def _timed(owner, name: str, times: list) -> None:
     """Record the wall time of every call of ``owner.name`` into ``times`` (an instance patch)."""

@@ -8,7 +8,8 @@ from .runtime_check import RuntimeInstallError, require_patched_runtime
 
 require_patched_runtime()
 
-from .acceptance import Acceptance, greedy_accept  # noqa: E402
+from .acceptance import Acceptance, greedy_accept, sample_accept  # noqa: E402
+from .audio import AudioError  # noqa: E402
 from .drafting import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
 from .models import UnknownModelError, available_models, resolve_model  # noqa: E402
 from .stats import SpecStats  # noqa: E402
@@ -16,6 +17,7 @@ from .whisper_model import FlashWhisperModel  # noqa: E402
 
 __all__ = [
     "Acceptance",
+    "AudioError",
     "Drafter",
     "DraftWindow",
     "FlashWhisperModel",
@@ -27,6 +29,7 @@ __all__ = [
     "UnknownModelError",
     "available_models",
     "greedy_accept",
+    "sample_accept",
     "require_patched_runtime",
     "resolve_model",
 ]

@@ -22,6 +22,7 @@ import ctranslate2
 import numpy as np
 from faster_whisper import WhisperModel
 
+from .audio import checked_audio
 from .decoding import SpeculativeDecoder
 from .drafter_files import CheckpointError
 from .drafting import Drafter, DecodingOptions, PromptLookupDrafter
@@ -319,6 +320,12 @@ class FlashWhisperModel(WhisperModel):
             return self.model
         return ctranslate2.models.Whisper(model_path, device="cpu", compute_type=self.model.compute_type,
                                           intra_threads=threads)
+
+    def transcribe(self, audio, *args, **kwargs):
+        """faster-whisper's ``transcribe()``, after ``audio.checked_audio``: bad audio raises
+        ``AudioError`` (a ``ValueError``) naming the problem before anything is decoded, and
+        the model stays usable."""
+        return super().transcribe(checked_audio(audio, self.feature_extractor.sampling_rate), *args, **kwargs)
 
     def window_features(self, audio: np.ndarray) -> np.ndarray:
         """[n_mels, 3000] log-mel features of the first 30 s of ``audio``, padded the way

@@ -5,11 +5,10 @@ import subprocess
 import sys
 import textwrap
 
-import av
 import numpy as np
 import pytest
 
-from ct2_flash import FlashWhisperModel, UnknownModelError, available_models, resolve_model
+from ct2_flash import AudioError, FlashWhisperModel, UnknownModelError, available_models, resolve_model
 from ct2_flash.runtime_check import RuntimeInstallError, missing_features, require_patched_runtime
 from ct2_flash.testing import RandomDrafter
 
@@ -25,13 +24,38 @@ def test_empty_and_silent_audio_as_faster_whisper(pair, seconds):
     assert segments_of(pair.flash, audio, beam_size=1) == expected
 
 
-def test_unreadable_and_missing_files_raise_like_faster_whisper(float32_pair, tmp_path):
+def test_unreadable_and_missing_files_raise_clearly(float32_pair, tmp_path):
     bad = tmp_path / "not_audio.wav"
     bad.write_text("this is not audio")
-    with pytest.raises(av.error.InvalidDataError):
+    with pytest.raises(AudioError, match="cannot read audio .*not_audio.wav.*InvalidDataError"):
         float32_pair.flash.transcribe(str(bad))
     with pytest.raises(FileNotFoundError):
         float32_pair.flash.transcribe(str(tmp_path / "missing.wav"))
+    # A recording cut off mid-stream is decoded as far as it goes, as faster-whisper does.
+    whole = open(os.path.join(ROOT, "tests", "data", "clip01_slt.ogg"), "rb").read()
+    cut = tmp_path / "cut.ogg"
+    cut.write_bytes(whole[: len(whole) // 2])
+    assert segments_of(float32_pair.flash, str(cut), beam_size=1) == segments_of(float32_pair.baseline, str(cut), beam_size=1)
+
+
+@pytest.mark.parametrize("name, make, message", [
+    ("nan", lambda a: np.where(np.arange(a.size) == 100, np.nan, a).astype(np.float32), "1 NaN or infinite"),
+    ("inf", lambda a: np.where(np.arange(a.size) % 1000 == 0, np.inf, a).astype(np.float32), "NaN or infinite"),
+    ("stereo", lambda a: np.stack([a, a]), "1-D mono.*shape \\(2,"),
+    ("int16", lambda a: (a * 32767).astype(np.int16), "dtype int16.*32768"),
+    ("complex", lambda a: a.astype(np.complex64), "dtype complex64"),
+])
+def test_bad_waveforms_raise_before_decoding_and_the_model_stays_usable(pair, clips, name, make, message):
+    """Input faster-whisper turns into an engine error (NaN at int8), an ONNX error (2-D) or
+    nonsense (int16 read as floats): one ``AudioError`` naming it, nothing decoded, and the
+    next call on the same model is exactly faster-whisper's."""
+    audio = clips["clip01_slt.ogg"]
+    calls = pair.flash.spec_stats.target_calls + pair.flash.spec_stats.generate_rows
+    with pytest.raises(AudioError, match=message):
+        pair.flash.transcribe(make(audio), beam_size=1)
+    assert pair.flash.spec_stats.target_calls + pair.flash.spec_stats.generate_rows == calls
+    assert issubclass(AudioError, ValueError)
+    assert segments_of(pair.flash, audio, beam_size=1) == pair.reference("clip01_slt.ogg", audio, beam_size=1)
 
 
 def test_drafter_for_another_vocabulary_is_refused(model_path):

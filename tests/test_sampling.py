@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel

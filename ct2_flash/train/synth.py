@@ -25,7 +25,7 @@ import logging
 import os
 import subprocess
 from concurrent.futures import ProcessPoolExecutor
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 

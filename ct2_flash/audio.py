@@ -1,0 +1,53 @@
+"""Audio checks before anything is decoded: one clear error for input faster-whisper would
+turn into an engine error deep inside a call (or into silent nonsense).
+
+faster-whisper takes a path, a file object or a 1-D float waveform at 16 kHz. What goes wrong
+there today: NaN or infinite samples reach the int8 encoder and fail with "In
+ChooseQuantizationParams, min should be less than or equal to max"; a 2-D array fails inside
+the VAD's ONNX graph or gives a meaningless transcript; int16 samples are taken as floats 32,768
+times too loud; a truncated or non-audio file fails somewhere in PyAV.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class AudioError(ValueError):
+    """The audio given to ``transcribe()`` cannot be decoded as speech."""
+
+
+def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
+    """[samples] float32 mono waveform at ``sampling_rate`` from what ``transcribe()`` accepts.
+
+    Args:
+        audio: a path or file object (decoded with faster-whisper's ``decode_audio``, PyAV),
+            or a 1-D floating-point array already at ``sampling_rate``.
+    Raises:
+        AudioError: an unreadable file, an array that is not 1-D, not floating point, or has
+            NaN or infinite samples. Nothing has been decoded when it is raised. A missing file
+            raises FileNotFoundError, and empty audio is no error (no segments), as in
+            faster-whisper.
+    """
+    if not isinstance(audio, np.ndarray):
+        from faster_whisper import decode_audio
+
+        name = getattr(audio, "name", audio)
+        try:
+            return decode_audio(audio, sampling_rate=sampling_rate)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            raise  # already says what is wrong, as faster-whisper's own call would
+        except Exception as error:  # PyAV raises many types for unreadable input
+            raise AudioError(f"cannot read audio {name!r}: {type(error).__name__}: {error}") from error
+    if audio.ndim != 1:
+        raise AudioError(f"expected a 1-D mono waveform at {sampling_rate} Hz, got an array of shape {audio.shape} "
+                         "(mix the channels down, for example audio.mean(axis=...))")
+    if not np.issubdtype(audio.dtype, np.floating):
+        hint = " (int16 PCM: divide by 32768 into float32)" if np.issubdtype(audio.dtype, np.integer) else ""
+        raise AudioError(f"expected floating-point samples in [-1, 1], got dtype {audio.dtype}{hint}")
+    bad = int(np.count_nonzero(~np.isfinite(audio)))
+    if bad:
+        raise AudioError(f"the waveform has {bad} NaN or infinite samples (of {audio.size})")
+    return audio.astype(np.float32, copy=False)
