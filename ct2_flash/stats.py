@@ -24,10 +24,12 @@ class SpecStats:
         drafting_resumed: times stopped drafting was probed again later in its row.
         rows_rechecked: rows of multi-token passes too close to call, decided again by a
             single-token pass (``guard_margin``).
-        fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged because they are
-            not greedy (beam search, sampling, options the loop does not implement).
-        generate_rows: greedy rows decoded by CTranslate2's ``generate()`` because speculation
-            measured slower (``policy.SpeculationPolicy``).
+        fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged because the loop
+            does not implement them (beam search, options it does not handle).
+        generate_rows: rows decoded by CTranslate2's ``generate()`` because speculation
+            measured slower (``policy.SpeculationPolicy``) or the loop was busy.
+        busy_calls: calls the policy sent to the loop that went to ``generate()`` because
+            another thread was decoding in it.
         calibration: [K][bins] counts (judged, accepted) of draft positions by the drafter's
             confidence bin (``draft_length.DraftLengthPolicy.bins``), for the calibration plot;
             a position counts when every draft before it was accepted.
@@ -50,6 +52,7 @@ class SpecStats:
     rows_rechecked: int = 0
     fallback_calls: int = 0
     generate_rows: int = 0
+    busy_calls: int = 0
     calibration: List[List[List[int]]] = field(default_factory=list)
 
     @property

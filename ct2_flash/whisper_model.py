@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -91,6 +92,13 @@ class SpeculativeWhisper:
     through the speculative loop or to the wrapped model's own ``generate()``; sampled calls
     have a policy per temperature (``policy_for``), since how often the target agrees with a
     draft depends on it. Every attribute not defined here is the wrapped model's.
+
+    Thread safety: faster-whisper's ``num_workers`` lets several threads call ``generate()`` on
+    one model. The loop holds one drafter's per-window caches and one decoder, so one call at a
+    time runs in it; a call that finds it busy goes to CTranslate2's ``generate()`` (the same
+    tokens under greedy decoding; under sampling the same distribution, though a seeded model
+    waits for the loop instead, to keep its draws) rather than wait. Counters are updated
+    under a lock.
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
@@ -101,8 +109,10 @@ class SpeculativeWhisper:
         self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
-        # The last encoder output and, per row, how many of its frames hold audio.
-        self._encoded_audio: Tuple[Any, Optional[List[int]]] = (None, None)
+        # Per thread: the last encoder output and, per row, how many of its frames hold audio.
+        self._encoded_audio = threading.local()
+        self._loop = threading.Lock()  # held by the one call in the speculative loop
+        self._counting = threading.Lock()  # counters and policies touched outside the loop
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
@@ -114,8 +124,9 @@ class SpeculativeWhisper:
     def encode(self, features, to_cpu: bool = False):
         started = time.perf_counter()
         output = self._model.encode(features, to_cpu=to_cpu)
-        self.stats.encoder_seconds += time.perf_counter() - started
-        self._encoded_audio = (output, audio_frames(features))
+        with self._counting:
+            self.stats.encoder_seconds += time.perf_counter() - started
+        self._encoded_audio.last = (output, audio_frames(features))
         return output
 
     def policy_for(self, options: DecodingOptions) -> SpeculationPolicy:
@@ -137,7 +148,8 @@ class SpeculativeWhisper:
                 log = logger.warning if reason == _BEAM_SEARCH else logger.info
                 log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason,
                     " (pass beam_size=1 to transcribe() for speculative greedy decoding)" if reason == _BEAM_SEARCH else "")
-            self.stats.fallback_calls += 1
+            with self._counting:
+                self.stats.fallback_calls += 1
             return self._model.generate(features, prompts, **kwargs)
 
         options = DecodingOptions(  # bad options raise here, before anything is decoded
@@ -146,24 +158,34 @@ class SpeculativeWhisper:
         )
         encoder_output = self._encoded(features)
         # Without adaptive (and while tests swap drafters in) every call drafts.
-        policy = self.policy_for(options)
-        # A seeded model samples in the loop only: which way a call goes depends on timings,
-        # and the loop's draws do not (CTranslate2's would differ).
-        repeatable = options.sampling and self.decoder.seeded
-        speculative = policy.speculate(len(prompts)) if self.decoder.adaptive and not repeatable else True
+        with self._counting:
+            policy = self.policy_for(options)
+            # A seeded model samples in the loop only: which way a call goes depends on
+            # timings, and the loop's draws do not (CTranslate2's would differ).
+            repeatable = options.sampling and self.decoder.seeded
+            speculative = policy.speculate(len(prompts)) if self.decoder.adaptive and not repeatable else True
+        # Another thread in the loop: this call takes CTranslate2's way rather than wait.
+        in_loop = speculative and self._loop.acquire(blocking=repeatable)
         started = time.perf_counter()
-        if speculative:
-            results = self._speculative_rows(encoder_output, prompts, options, kwargs)
-        else:  # speculation measured slower: the very call faster-whisper makes
-            results = self._model.generate(encoder_output, prompts, **kwargs)
-            self.stats.generate_rows += len(prompts)
+        try:
+            if in_loop:
+                results = self._speculative_rows(encoder_output, prompts, options, kwargs)
+            else:  # speculation measured slower (or is busy): the very call faster-whisper makes
+                results = self._model.generate(encoder_output, prompts, **kwargs)
+        finally:
+            if in_loop:
+                self._loop.release()
         tokens = sum(len(ids) + 1 for result in results for ids in result.sequences_ids)  # + end-of-text
-        policy.record(speculative, len(prompts), time.perf_counter() - started, tokens)
+        with self._counting:
+            if not in_loop:
+                self.stats.generate_rows += len(prompts)
+                self.stats.busy_calls += int(speculative)
+            policy.record(in_loop, len(prompts), time.perf_counter() - started, tokens)
         return results
 
     def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any]) -> list:
         rows = np.asarray(encoder_output)
-        encoded, frames = self._encoded_audio
+        encoded, frames = getattr(self._encoded_audio, "last", (None, None))
         frames = frames if encoded is encoder_output else None
         results = []
         for index, prompt in enumerate(prompts):

@@ -234,3 +234,43 @@ def test_drafter_audio_keeps_a_second_after_the_audio():
     cut = DraftWindow(output, (1,), DecodingOptions(), 2, audio_frames=100).drafter_audio()
     np.testing.assert_array_equal(cut, output[: 100 + PADDING_FRAMES_SEEN])
     assert DraftWindow(output, (1,), DecodingOptions(), 2, audio_frames=1490).drafter_audio().shape == (1500, 2)
+
+
+def test_one_model_shared_by_four_threads_gives_sequential_outputs(model_path, float32_pair, clips):
+    """faster-whisper's ``num_workers``: four threads transcribe through one model at once. One
+    call at a time runs in the loop, the others go to ``generate()`` rather than wait; every
+    transcript equals faster-whisper's, nothing raises, and no row goes uncounted."""
+    import threading
+
+    from ct2_flash import FlashWhisperModel
+
+    from .conftest import THREADS
+
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, num_workers=4, adaptive=False)
+    names = sorted(n for n in clips if n.startswith("clip"))[:8]
+    options = dict(beam_size=1, temperature=0.0)
+    results, errors = {}, []
+
+    def work(part):
+        try:
+            for name in part:
+                results[name] = segments_of(flash, clips[name], **options)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(names[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for name in names:
+        assert results[name] == float32_pair.reference(name, clips[name], **options), name
+    concurrent = flash.spec_stats
+    flash.reset_spec_stats()
+    for name in names:
+        segments_of(flash, clips[name], **options)
+    sequential = flash.spec_stats
+    assert sequential.busy_calls == 0 and sequential.generate_rows == 0
+    assert concurrent.generate_calls + concurrent.generate_rows == sequential.generate_calls
+    assert 0 < concurrent.busy_calls == concurrent.generate_rows  # the threads did overlap
