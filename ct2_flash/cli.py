@@ -1,5 +1,5 @@
 """``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems,
-``bench`` measures both on many files, ``convert-drafter`` exports a trained drafter for the
+``transcribe`` writes transcripts of files, ``bench`` measures both on many files, ``convert-drafter`` exports a trained drafter for the
 runtime, ``fetch-speech`` downloads the real-speech sets."""
 
 from __future__ import annotations
@@ -161,6 +161,43 @@ def _convert_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _transcribe(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .audio import AudioError
+    from .outputs import FORMATS, write_outputs
+    from .whisper_model import FlashWhisperModel
+
+    formats = FORMATS if args.output_format == "all" else (args.output_format,)
+    if args.beam_size < 1 or args.threads < 1:
+        print("ct2-flash transcribe: --beam-size and --threads must be >= 1", file=sys.stderr)
+        return 2
+    missing = [path for path in args.files if not os.path.isfile(path)]
+    if missing:
+        print(f"ct2-flash transcribe: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads)
+    options = dict(beam_size=args.beam_size, language=args.language, word_timestamps=args.word_timestamps,
+                   vad_filter=args.vad_filter)
+    failed = 0
+    for path in tqdm(args.files, desc="files", unit="file", disable=len(args.files) < 2):
+        try:
+            segments, info = model.transcribe(path, **options)
+            segments = list(segments)
+        except AudioError as error:  # one bad file does not stop the others
+            print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        for written in write_outputs(segments, info, path, args.output_dir, formats):
+            logging.getLogger("ct2_flash").info("wrote %s", written)
+    stats = model.spec_stats
+    print(f"{len(args.files) - failed} file(s) transcribed; calls: {stats.generate_calls} speculative, "
+          f"{stats.generate_rows} through CTranslate2's generate(), {stats.fallback_calls} not speculative"
+          + (f"; {stats.tokens_per_call:.2f} tokens per target call, acceptance {stats.acceptance_rate:.1%}"
+             if stats.target_calls else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
 def parse_decoder_threads(value: str):
     """--decoder-threads: "auto", "none" or a thread count -> ``FlashWhisperModel(decoder_threads=...)``."""
     if value in ("auto", "none"):
@@ -194,6 +231,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--k", type=int, default=8, help="draft tokens per verification")
     demo.add_argument("--repeats", type=int, default=3)
     demo.add_argument("--no-timestamps", action="store_true")
+    transcribe = commands.add_parser("transcribe", help="transcribe files into txt, srt, vtt or json")
+    transcribe.add_argument("files", nargs="+", help="audio files")
+    transcribe.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
+    transcribe.add_argument("--compute-type", default="int8", choices=["int8", "float32", "int8_float32", "int16"])
+    transcribe.add_argument("--threads", type=int, default=2)
+    transcribe.add_argument("--language", default=None, help="language code (default: the model's, or detected)")
+    transcribe.add_argument("--beam-size", type=int, default=1,
+                            help="1 (default) decodes speculatively; larger runs CTranslate2's beam search")
+    transcribe.add_argument("--output-format", default="txt", choices=["txt", "srt", "vtt", "json", "all"])
+    transcribe.add_argument("--output-dir", default=".", help="where the files go (default: here)")
+    transcribe.add_argument("--word-timestamps", action="store_true")
+    transcribe.add_argument("--vad-filter", action="store_true")
     bench = commands.add_parser("bench", help="faster-whisper vs ct2-flash on many files: JSON and plots")
     bench.add_argument("--manifest", action="append", default=[], help="TSV of audio path and reference text")
     bench.add_argument("--audio-dir", action="append", default=[], help="directory of audio files")
@@ -239,6 +288,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command is None:
             args = parser.parse_args(["demo", *(argv or [])])
         return _demo(args)
+    if args.command == "transcribe":
+        return _transcribe(args)
     if args.command == "bench":
         return _bench(args)
     if args.command == "convert-drafter":

@@ -55,6 +55,9 @@ def test_manifest_round_trip_and_errors(tmp_path):
     write_manifest(str(manifest), [Utterance(clip, "hello\tworld"), Utterance(clip, "")])
     read = read_manifest(str(manifest))
     assert read == [Utterance(clip, "hello world"), Utterance(clip, "")]
+    extra = tmp_path / "extra.tsv"
+    extra.write_text(f"path\ttext\tduration\n{clip}\tsome words\t2.5\n")
+    assert read_manifest(str(extra)) == [Utterance(clip, "some words")]  # further columns are ignored
     bad = tmp_path / "bad.tsv"
     bad.write_text("path\ttext\nmissing.wav\tsomething\n")
     with pytest.raises(ValueError, match="bad.tsv:2: audio file .*missing.wav.* does not exist"):

@@ -275,3 +275,45 @@ def test_one_model_shared_by_four_threads_gives_sequential_outputs(model_path, f
     assert sequential.busy_calls == 0 and sequential.generate_rows == 0
     assert concurrent.generate_calls + concurrent.generate_rows == sequential.generate_calls
     assert 0 < concurrent.busy_calls == concurrent.generate_rows  # the threads did overlap
+
+
+def test_transcribe_command_writes_what_faster_whisper_segments_give(float32_pair, clips, tmp_path, capsys):
+    """``ct2-flash transcribe``: txt, srt, vtt and json per file from the model's segments,
+    equal to the same writers on faster-whisper's own segments; a bad file is reported and
+    skipped, the others are written."""
+    import json
+    import os
+
+    from faster_whisper import decode_audio
+
+    from ct2_flash.cli import main
+    from ct2_flash.outputs import WRITERS
+
+    from .conftest import DATA
+
+    bad = tmp_path / "bad.ogg"
+    bad.write_text("not audio")
+    names = ["clip01_slt.ogg", "clip06_awb.ogg"]
+    files = [os.path.join(DATA, name) for name in names]
+    code = main(["transcribe", *files, str(bad), "--compute-type", "float32", "--output-format", "all",
+                 "--output-dir", str(tmp_path / "out"), "--word-timestamps"])
+    assert code == 1 and "cannot read audio" in capsys.readouterr().err
+    for name, path in zip(names, files):
+        segments, info = float32_pair.baseline.transcribe(decode_audio(path), beam_size=1, word_timestamps=True)
+        segments = list(segments)
+        stem = tmp_path / "out" / name.replace(".ogg", "")
+        for format_name, writer in WRITERS.items():
+            written = (stem.parent / f"{stem.name}.{format_name}").read_text(encoding="utf-8")
+            expected = writer(segments, info)
+            if format_name == "json":
+                # Scores match CTranslate2's within 1e-4 and no-speech probabilities within 1e-6
+                # (the README's exactness section); everything else exactly.
+                written, expected = json.loads(written), json.loads(expected)
+                for ours, theirs in zip(written["segments"], expected["segments"]):
+                    for key, tolerance in (("avg_logprob", 1e-4), ("no_speech_prob", 1e-6)):
+                        assert ours.pop(key) == pytest.approx(theirs.pop(key), abs=tolerance)
+                    for word_ours, word_theirs in zip(ours.get("words", ()), theirs.get("words", ())):
+                        assert word_ours.pop("probability") == pytest.approx(word_theirs.pop("probability"), abs=1e-4)
+            assert written == expected, (name, format_name)
+    assert (tmp_path / "out" / "clip01_slt.srt").read_text().startswith("1\n00:00:00,000 --> 00:00:0")
+    assert not (tmp_path / "out" / "bad.txt").exists()

@@ -25,8 +25,9 @@ class Utterance:
 def read_manifest(path: str) -> List[Utterance]:
     """Read ``audio<TAB>reference`` lines (relative paths are relative to the manifest).
 
-    A header line ``path<TAB>text`` is allowed. Raises ValueError naming the line for a
-    missing audio file or a malformed line, and for an empty manifest.
+    A header line ``path<TAB>text`` is allowed, and columns after the reference (a duration,
+    a speaker) are ignored. Raises ValueError naming the line for a missing audio file, and
+    for an empty manifest.
     """
     base = os.path.dirname(os.path.abspath(path))
     utterances = []
@@ -34,8 +35,6 @@ def read_manifest(path: str) -> List[Utterance]:
         for number, row in enumerate(csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
             if not row or not row[0].strip() or (number == 1 and row[0] in ("path", "audio")):
                 continue
-            if len(row) > 2:
-                raise ValueError(f"{path}:{number}: expected 'audio<TAB>reference', got {len(row)} fields")
             audio = os.path.normpath(row[0] if os.path.isabs(row[0]) else os.path.join(base, row[0]))
             if not os.path.isfile(audio):
                 raise ValueError(f"{path}:{number}: audio file {audio!r} does not exist")

@@ -1,0 +1,67 @@
+"""Transcript files from faster-whisper segments: txt, srt, vtt and json, as
+``whisper-ctranslate2`` and OpenAI's ``whisper`` command write them."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Dict, List, Sequence
+
+FORMATS = ("txt", "srt", "vtt", "json")
+
+
+def timestamp(seconds: float, decimal: str) -> str:
+    """HH:MM:SS<decimal>mmm (SubRip uses ",", WebVTT ".")."""
+    milliseconds = int(round(max(seconds, 0.0) * 1000))
+    hours, milliseconds = divmod(milliseconds, 3_600_000)
+    minutes, milliseconds = divmod(milliseconds, 60_000)
+    seconds_part, milliseconds = divmod(milliseconds, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds_part:02d}{decimal}{milliseconds:03d}"
+
+
+def to_txt(segments: Sequence, info) -> str:
+    return "".join(segment.text.strip() + "\n" for segment in segments)
+
+
+def to_srt(segments: Sequence, info) -> str:
+    blocks = [f"{i}\n{timestamp(s.start, ',')} --> {timestamp(s.end, ',')}\n{s.text.strip()}\n"
+              for i, s in enumerate(segments, start=1)]
+    return "\n".join(blocks)
+
+
+def to_vtt(segments: Sequence, info) -> str:
+    blocks = [f"{timestamp(s.start, '.')} --> {timestamp(s.end, '.')}\n{s.text.strip()}\n" for s in segments]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def to_json(segments: Sequence, info) -> str:
+    def words(segment) -> List[dict]:
+        return [{"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
+                for w in segment.words or ()]
+
+    document = {
+        "text": "".join(s.text for s in segments).strip(),
+        "language": info.language,
+        "duration": info.duration,
+        "segments": [{"id": s.id, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens),
+                      "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+                      "no_speech_prob": s.no_speech_prob, "temperature": s.temperature,
+                      **({"words": words(s)} if s.words else {})} for s in segments],
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+WRITERS: Dict[str, Callable] = {"txt": to_txt, "srt": to_srt, "vtt": to_vtt, "json": to_json}
+
+
+def write_outputs(segments: Sequence, info, audio_path: str, output_dir: str, formats: Sequence[str]) -> List[str]:
+    """Write ``<output_dir>/<audio stem>.<format>`` for each format; returns the paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(audio_path))[0]
+    paths = []
+    for name in formats:
+        path = os.path.join(output_dir, f"{stem}.{name}")
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(WRITERS[name](segments, info))
+        paths.append(path)
+    return paths
