@@ -17,6 +17,11 @@ OUT=bench/results
 # Real speech against faster-whisper on the same engine and on stock ctranslate2.
 $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
   --repeats 2 --stock --out $OUT/real_speech
+# Temperature sampling through the loop: the default model, and drafting every round.
+$PY -m ct2_flash.cli bench --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
+  --repeats 1 --out $OUT/sampling_default
+$PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 --temperatures 0 0.2 0.6 1.0 \
+  --repeats 1 --draft-every-round --out $OUT/sampling_every_round
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
 # BatchedInferencePipeline: three ~2.4-minute recordings made of the real clips.
