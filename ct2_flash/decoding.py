@@ -249,7 +249,8 @@ class SpeculativeDecoder:
             return
         if sequence.attention_peaks is not None:
             # Where the target read when it predicted the next anchor (its row in this pass).
-            self.drafter.observe_position(int(sequence.attention_peaks[min(outcome.accepted, len(drafts))]))
+            with _timed(stats, "drafter_seconds"):
+                self.drafter.observe_position(int(sequence.attention_peaks[min(outcome.accepted, len(drafts))]))
         if state.drafting:
             if kept > cache_length:
                 with _timed(stats, "drafter_seconds"):

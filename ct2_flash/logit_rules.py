@@ -319,12 +319,15 @@ class BlockChoice:
 
 
 def _logsumexp_rows(values: np.ndarray) -> np.ndarray:
-    """``_logsumexp`` of each row of [rows, columns] -> [rows]."""
+    """``_logsumexp`` of each row of [rows, columns] -> [rows], in the values' precision (float32
+    logits: as CTranslate2's own float32 log-softmax, and twice as fast as in float64, which
+    was a fifth of a round's bookkeeping); the sum is pairwise."""
     peak = values.max(axis=1)
     finite = np.isfinite(peak)
-    shifted = values - np.where(finite, peak, 0.0)[:, None]
+    shifted = values - np.where(finite, peak, 0).astype(values.dtype)[:, None]
+    np.exp(shifted, out=shifted)
     with np.errstate(divide="ignore"):
-        return np.where(finite, peak + np.log(np.sum(np.exp(shifted), axis=1)), peak)
+        return np.where(finite, peak + np.log(shifted.sum(axis=1)), peak)
 
 
 def _logsumexp(values: np.ndarray) -> float:
