@@ -1,0 +1,81 @@
+"""The long fuzz: random transcribe() options and drafters against faster-whisper, float32, on
+every committed clip (``ct2_flash/fuzzing.py``; ``tests/test_fuzz.py`` runs a bounded part).
+
+Resumable: each case is appended to ``--log`` (JSON lines) as it finishes and skipped when the
+script runs again, so a run can be split over sessions. The summary (cases, identical, how
+many were speculative, which fell back) goes to ``--out``.
+
+    python bench/fuzz_exactness.py --cases 2000 --out bench/results/fuzz/fuzz.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import Counter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--log", default=os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "fuzz.jsonl"))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import glob
+
+    import numpy as np
+    from faster_whisper import WhisperModel, decode_audio
+    from tqdm import tqdm
+
+    from ct2_flash import FlashWhisperModel, resolve_model
+    from ct2_flash.fuzzing import random_case, run_case
+    from ct2_flash.testing import OracleDrafter, RandomDrafter
+
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
+    audio = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(data, "*.ogg")))}
+    path = resolve_model("tiny.en")
+    baseline = WhisperModel(path, compute_type="float32", cpu_threads=args.threads)
+    flash = FlashWhisperModel(path, compute_type="float32", cpu_threads=args.threads)
+    drafters = {"shipped": flash.model.decoder.drafter,
+                "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
+                "random": RandomDrafter(51864, seed=2)}
+    done = {}
+    if os.path.exists(args.log):
+        with open(args.log, encoding="utf-8") as stream:
+            done = {record["index"]: record for record in map(json.loads, stream) if record.get("seed") == args.seed}
+    rng = np.random.default_rng(args.seed)
+    cases = [random_case(rng, sorted(audio)) for _ in range(args.cases)]  # drawn in full: resumes repeat them
+    os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
+    with open(args.log, "a", encoding="utf-8") as log:
+        for index, case in enumerate(tqdm(cases, desc="fuzz")):
+            if index in done:
+                continue
+            result = run_case(case, flash, baseline, audio, drafters)
+            done[index] = {"index": index, "seed": args.seed, **result}
+            log.write(json.dumps(done[index]) + "\n")
+            log.flush()
+    records = [done[i] for i in range(len(cases))]
+    options = Counter(name for record in records for name in record["options"])
+    summary = {
+        "what": "fuzzed exactness at float32: random transcribe() options and drafters vs faster-whisper",
+        "seed": args.seed, "cases": len(records),
+        "identical": sum(r["identical"] for r in records),
+        "speculative_cases": sum(r["speculative_rows"] > 0 for r in records),
+        "fallback_cases": sum(r["fallback_calls"] > 0 for r in records),
+        "by_drafter": dict(Counter(r["drafter"] for r in records)),
+        "options_drawn": dict(options),
+        "differing": [r for r in records if not r["identical"]],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(summary, stream, indent=2)
+    print(f"{summary['identical']}/{summary['cases']} identical; {summary['speculative_cases']} speculative, "
+          f"{summary['fallback_cases']} left to CTranslate2")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Fuzzed exactness (bounded): random transcribe() options and drafters, float32, against
+faster-whisper on the committed clips (``ct2_flash/fuzzing.py``; the long run is
+``bench/fuzz_exactness.py``)."""
+
+import numpy as np
+import pytest
+
+from ct2_flash.fuzzing import NOT_SPECULATIVE, random_case, run_case
+from ct2_flash.testing import OracleDrafter, RandomDrafter
+
+CASES = 200
+SHORT = 10.0  # seconds: the bounded run uses the shorter clips
+
+
+@pytest.fixture(scope="module")
+def drafters(float32_pair):
+    flash = float32_pair.flash
+    return {"shipped": flash.model.decoder.drafter,
+            "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
+            "random": RandomDrafter(51864, seed=2)}
+
+
+def test_random_options_and_drafters_give_faster_whispers_segments(float32_pair, clips, drafters):
+    audio = {name: samples for name, samples in clips.items() if samples.size / 16000 < SHORT}
+    rng = np.random.default_rng(2026)
+    failures, speculative, fallen_back = [], 0, 0
+    for _ in range(CASES):
+        case = random_case(rng, sorted(audio))
+        result = run_case(case, float32_pair.flash, float32_pair.baseline, audio, drafters)
+        if not result["identical"]:
+            failures.append(case)
+        defaults = {"repetition_penalty": 1, "no_repeat_ngram_size": 0, "beam_size": 1}
+        unsupported = any(case["options"].get(name, defaults[name]) != defaults[name] for name in NOT_SPECULATIVE)
+        if unsupported:  # left to CTranslate2, and counted as such
+            assert result["speculative_rows"] == 0 and result["fallback_calls"] > 0, case
+            fallen_back += 1
+        else:
+            assert result["fallback_calls"] == 0, case
+            speculative += result["speculative_rows"] > 0
+    assert not failures, failures[:3]
+    assert speculative > CASES // 2 and fallen_back > 0
