@@ -1,0 +1,95 @@
+"""Throughput when threads share one model (faster-whisper's ``num_workers``): audio seconds
+transcribed per wall second by 1-4 threads, faster-whisper against ct2-flash on the same
+engine and settings, the same clips split among the threads.
+
+Speculation spends spare compute; once the threads fill the cores there is none, and the loop
+steps aside (a call that finds it busy goes to ``generate()``). Writes JSON.
+
+    python bench/thread_throughput.py --threads 1 2 3 4 --out bench/results/thread_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import threading
+import time
+
+
+def run(model, clips, workers: int) -> float:
+    """Wall seconds for ``workers`` threads to transcribe ``clips`` (split round-robin)."""
+    errors = []
+
+    def work(part):
+        try:
+            for audio in part:
+                segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0)
+                list(segments)
+        except Exception as error:  # noqa: BLE001 - reported after the join
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(clips[i::workers],)) for i in range(workers)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2, 3, 4])
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--cpu-threads", type=int, default=2, help="CTranslate2 threads per model")
+    parser.add_argument("--speech-set", default="mfa")
+    parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    from faster_whisper import WhisperModel
+
+    from ct2_flash import FlashWhisperModel, resolve_model
+    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.runner import load_audio
+    from ct2_flash.benchmark.speech_sets import fetch
+
+    utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
+    audio = load_audio(utterances)
+    clips = [audio[u.path] for u in utterances]
+    seconds = sum(c.size for c in clips) / 16000
+    path = resolve_model("tiny.en")
+    results = []
+    for workers in args.threads:
+        options = dict(compute_type=args.compute_type, cpu_threads=args.cpu_threads, num_workers=workers)
+        systems = {"faster-whisper": WhisperModel(path, **options), "ct2-flash": FlashWhisperModel(path, **options)}
+        for model in systems.values():  # warm-up
+            run(model, clips[:workers], workers)
+        walls = {name: [] for name in systems}
+        for _ in range(args.repeats):  # interleaved, so load drift hits both
+            for name, model in systems.items():
+                walls[name].append(run(model, clips, workers))
+        stats = systems["ct2-flash"].spec_stats
+        row = {"threads": workers,
+               **{f"{name} audio s per s": seconds / min(times) for name, times in walls.items()},
+               "ratio": min(walls["faster-whisper"]) / min(walls["ct2-flash"]),
+               "speculative rows": stats.generate_calls, "generate() rows": stats.generate_rows,
+               "busy calls": stats.busy_calls}
+        results.append(row)
+        print(row)
+    document = {"what": "throughput of threads sharing one model, faster-whisper vs ct2-flash (best of repeats)",
+                "compute_type": args.compute_type, "cpu_threads": args.cpu_threads, "audio_seconds": seconds,
+                "utterances": len(clips), "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+                "results": results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+
+
+if __name__ == "__main__":
+    main()
