@@ -215,6 +215,9 @@ class SpeculativeWhisper:
     def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
         if kwargs.get("beam_size", 5) != 1:
             return _BEAM_SEARCH
+        sampling = kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0
+        if kwargs.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
+            return "several hypotheses without sampling are not speculative"
         for name, default in _GREEDY_DEFAULTS.items():
             if kwargs.get(name, default) != default:
                 return f"generate(..., {name}={kwargs[name]!r}) is not speculative"
