@@ -5,28 +5,37 @@ faster-whisper on the committed clips (``ct2_flash/fuzzing.py``; the long run is
 import numpy as np
 import pytest
 
+from ct2_flash import FlashWhisperModel
 from ct2_flash.fuzzing import NOT_SPECULATIVE, random_case, run_case
 from ct2_flash.testing import OracleDrafter, RandomDrafter
+
+from .conftest import THREADS
 
 CASES = 200
 SHORT = 6.0  # seconds: the bounded run uses the three shortest clips (the long run uses all)
 
 
 @pytest.fixture(scope="module")
-def drafters(float32_pair):
-    flash = float32_pair.flash
+def flash(model_path):
+    """A model of its own: the session's shared one logs each fallback reason once, which
+    other tests check."""
+    return FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def drafters(flash):
     return {"shipped": flash.model.decoder.drafter,
             "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
             "random": RandomDrafter(51864, seed=2)}
 
 
-def test_random_options_and_drafters_give_faster_whispers_segments(float32_pair, clips, drafters):
+def test_random_options_and_drafters_give_faster_whispers_segments(flash, float32_pair, clips, drafters):
     audio = {name: samples for name, samples in clips.items() if samples.size / 16000 < SHORT}
     rng = np.random.default_rng(2026)
     failures, speculative, fallen_back = [], 0, 0
     for _ in range(CASES):
         case = random_case(rng, sorted(audio))
-        result = run_case(case, float32_pair.flash, float32_pair.baseline, audio, drafters)
+        result = run_case(case, flash, float32_pair.baseline, audio, drafters)
         if not result["identical"]:
             failures.append(case)
         defaults = {"repetition_penalty": 1, "no_repeat_ngram_size": 0, "beam_size": 1}

@@ -224,3 +224,23 @@ def test_a_resumed_run_keeps_its_utterances_unless_it_grows(teacher_dir, tmp_pat
     meta = fit(str(data), out, FitConfig(**{**config.__dict__, "steps": 4}), shortlist_size=4096, progress=False, grow=True)
     assert meta["train_ids"] == ["utt000000", "utt000002"] and meta["train_utterances"] == 2
     assert meta["data_growth"] == [{"step": 3, "train_utterances": 2}] and meta["validation_ids"] == ["utt000001"]
+
+
+def test_a_second_copy_of_a_step_on_one_directory_fails_at_once(tmp_path):
+    """Two extract processes on one directory wrote every teacher file twice: a step holds a
+    lock while it runs, and a second copy (another process) stops with the reason."""
+    import subprocess
+    import sys
+
+    from ct2_flash.train.step_lock import step_lock
+
+    code = ("import sys\nfrom ct2_flash.train.step_lock import step_lock\n"
+            "try:\n    with step_lock(sys.argv[1], 'extract'):\n        pass\n"
+            "except RuntimeError as error:\n    print(error)\n    sys.exit(3)\n")
+    with step_lock(str(tmp_path), "extract"):
+        second = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert second.returncode == 3 and "another 'extract' step is already running" in second.stdout
+        other_step = subprocess.run([sys.executable, "-c", code.replace("'extract'", "'fit'"), str(tmp_path)])
+        assert other_step.returncode == 0
+    after = subprocess.run([sys.executable, "-c", code, str(tmp_path)])
+    assert after.returncode == 0  # released when the step ends

@@ -75,7 +75,7 @@ def test_batched_pipeline_identical(float32_pair, oracle_flash, clips):
     assert oracle_flash.spec_stats.generate_calls >= 4  # rows decoded one at a time
 
 
-def test_beam_search_and_sampling_fall_back_once_logged(float32_pair, clips, caplog):
+def test_beam_search_falls_back_once_logged_and_sampling_does_not(float32_pair, clips, caplog):
     flash = float32_pair.flash
     flash.reset_spec_stats()
     audio = clips["clip03_rms.ogg"]
@@ -87,9 +87,10 @@ def test_beam_search_and_sampling_fall_back_once_logged(float32_pair, clips, cap
     beam = [r for r in caplog.records if "beam search is not speculative" in r.getMessage()]
     assert len(beam) == 1 and beam[0].levelno == logging.WARNING and "beam_size=1" in beam[0].getMessage()
     encoder_output = flash.encode_window(audio)
+    fallbacks = flash.spec_stats.fallback_calls
     sampled = flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0, sampling_temperature=0.7)
     assert sampled[0].sequences_ids[0]
-    assert flash.spec_stats.fallback_calls >= 3
+    assert flash.spec_stats.fallback_calls == fallbacks  # sampling is decoded by the loop (or the policy's generate())
 
 
 def test_language_detection_behaves_as_faster_whisper(float32_pair, clips):

@@ -59,16 +59,20 @@ def main() -> None:
     report.add_argument("--out", required=True, help="where to write the report")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
+    from .step_lock import step_lock
+
     if args.step == "synth":
         from .synth import synthesize
 
-        entries = synthesize(args.data, args.hours, seed=args.seed, workers=args.workers)
+        with step_lock(args.data, "synth"):
+            entries = synthesize(args.data, args.hours, seed=args.seed, workers=args.workers)
         hours = sum(e["seconds"] for e in entries) / 3600
         logging.info("%d utterances, %.2f h in %s", len(entries), hours, args.data)
     elif args.step == "extract":
         from .extract import extract
 
-        count = extract(args.data, model_name=args.model, threads=args.threads, batch_size=args.batch_size)
+        with step_lock(args.data, "extract"):
+            count = extract(args.data, model_name=args.model, threads=args.threads, batch_size=args.batch_size)
         logging.info("extracted %d utterances into %s", count, args.data)
     elif args.step == "fit":
         from .fit import FitConfig, fit
@@ -79,9 +83,10 @@ def main() -> None:
                            anchor_weight=args.anchor_weight,
                            audio_window=None if args.all_audio else tuple(args.audio_window))
         out = args.out or os.path.join(args.data, "runs", "main")
-        meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
-                   use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init,
-                   grow=args.grow)
+        with step_lock(out, "fit"):
+            meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
+                       use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init,
+                       grow=args.grow)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
     elif args.step == "export-validation":
         from .export import export_validation

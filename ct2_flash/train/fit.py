@@ -111,9 +111,11 @@ class Example:
 
 
 def teacher_ids(data_dir: str, split: str) -> List[str]:
-    """The extracted utterances of ``split`` that have at least one label, in extraction order."""
+    """The extracted utterances of ``split`` that have at least one label, in extraction order
+    (each once, should the log name one twice)."""
     with open(os.path.join(data_dir, "teacher.jsonl"), encoding="utf-8") as stream:
-        return [r["id"] for r in map(json.loads, stream) if r["split"] == split and r["tokens"] >= 2]
+        ids = [r["id"] for r in map(json.loads, stream) if r["split"] == split and r["tokens"] >= 2]
+    return list(dict.fromkeys(ids))
 
 
 def load_examples(data_dir: str, split: str, limit: Optional[int] = None,
