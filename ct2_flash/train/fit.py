@@ -445,7 +445,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         with open(state_path + ".json", encoding="utf-8") as stream:
             saved = json.load(stream)
         current = data["train_ids"]
-        data = {key: saved.get(key, value) for key, value in data.items()}
+        data = {key: list(dict.fromkeys(saved.get(key, value))) for key, value in data.items()}
         if grow:
             known = set(data["train_ids"])
             data["train_ids"] = data["train_ids"] + [i for i in current if i not in known]
