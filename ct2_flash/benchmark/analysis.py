@@ -53,14 +53,20 @@ def paired_bootstrap(baseline: Sequence[float], candidate: Sequence[float], samp
     return {"speedup": point, "low": float(low), "high": float(high)}
 
 
-def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> Optional[float]:
-    """Corpus WER after Whisper's English normalisation; None without any reference text."""
-    import jiwer
+def _normalised_pairs(references: Sequence[str], hypotheses: Sequence[str]) -> List[Tuple[str, str]]:
+    """(reference, hypothesis) after Whisper's English normalisation, without empty references."""
     from whisper_normalizer.english import EnglishTextNormalizer
 
     normalise = EnglishTextNormalizer()
     pairs = [(normalise(r), normalise(h)) for r, h in zip(references, hypotheses) if r and r.strip()]
-    pairs = [(r, h) for r, h in pairs if r.strip()]  # a reference of only fillers says nothing
+    return [(r, h) for r, h in pairs if r.strip()]  # a reference of only fillers says nothing
+
+
+def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> Optional[float]:
+    """Corpus WER after Whisper's English normalisation; None without any reference text."""
+    import jiwer
+
+    pairs = _normalised_pairs(references, hypotheses)
     if not pairs:
         return None
     return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
@@ -75,11 +81,8 @@ def word_error_rate_interval(references: Sequence[str], hypotheses: Sequence[str
         {"wer", "low", "high"}, or None without any reference text.
     """
     import jiwer
-    from whisper_normalizer.english import EnglishTextNormalizer
 
-    normalise = EnglishTextNormalizer()
-    pairs = [(normalise(r), normalise(h)) for r, h in zip(references, hypotheses) if r and r.strip()]
-    pairs = [(r, h) for r, h in pairs if r.strip()]
+    pairs = _normalised_pairs(references, hypotheses)
     if not pairs:
         return None
     errors, words = np.zeros(len(pairs)), np.zeros(len(pairs))
