@@ -244,3 +244,24 @@ def test_a_second_copy_of_a_step_on_one_directory_fails_at_once(tmp_path):
         assert other_step.returncode == 0
     after = subprocess.run([sys.executable, "-c", code, str(tmp_path)])
     assert after.returncode == 0  # released when the step ends
+
+
+def test_a_resumed_run_scores_with_its_saved_shortlist(teacher_dir, tmp_path, monkeypatch):
+    """The shortlist is counted from the data when a run starts; a resumed run keeps the saved
+    one even when the data (grown since) would now give another order, and its loss is the
+    one an unchanged resume gives."""
+    import shutil
+
+    import ct2_flash.train.fit as fit_module
+
+    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=100, save_every=1,
+                       validation_windows=1)
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    fit(teacher_dir, first, config, shortlist_size=4096, progress=False)
+    shutil.copytree(first, second)
+    longer = FitConfig(**{**config.__dict__, "steps": 3})
+    unchanged = fit(teacher_dir, first, longer, shortlist_size=4096, progress=False)
+    counted = fit_module.shortlist_from
+    monkeypatch.setattr(fit_module, "shortlist_from", lambda *args, **kwargs: counted(*args, **kwargs)[::-1].copy())
+    recounted = fit(teacher_dir, second, longer, shortlist_size=4096, progress=False)
+    assert recounted["losses"][-1] == unchanged["losses"][-1]

@@ -471,8 +471,6 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         model.init_from_target(CT2ModelFile(model_path))
         model.shortlist.copy_(torch.from_numpy(shortlist))
     model.train()
-    full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
-    full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
     by_length = sorted(range(len(train)), key=lambda i: (train[i].audio_frames or 0, i))
 
@@ -486,6 +484,11 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
             meta.setdefault("data_growth", []).append({"step": meta["step"], "train_utterances": len(train)})
         meta.update(data)  # runs saved before the ids were recorded keep what they resume with
         meta["train_utterances"] = len(train)
+    # After the resume: the shortlist is the saved one. The data may have grown since, and a
+    # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
+    # instead of ~3 was the sign).
+    full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
+    full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
     started = time.time() - meta["seconds"]
     bar = tqdm(total=config.steps, initial=meta["step"], desc="fit", disable=not progress)
     while meta["step"] < config.steps:
