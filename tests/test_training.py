@@ -265,3 +265,29 @@ def test_a_resumed_run_scores_with_its_saved_shortlist(teacher_dir, tmp_path, mo
     monkeypatch.setattr(fit_module, "shortlist_from", lambda *args, **kwargs: counted(*args, **kwargs)[::-1].copy())
     recounted = fit(teacher_dir, second, longer, shortlist_size=4096, progress=False)
     assert recounted["losses"][-1] == unchanged["losses"][-1]
+
+
+def test_validation_on_real_speech_chooses_the_checkpoint(teacher_dir, tmp_path):
+    """With recordings to validate on, every validation also runs on their first windows, the
+    best checkpoint is chosen by them, and the report shows both curves; a resumed run that
+    starts validating on real speech chooses afresh."""
+    from ct2_flash.train.report import write_report
+    from tests.conftest import DATA
+
+    manifest = tmp_path / "real.tsv"
+    manifest.write_text("".join(f"{os.path.join(DATA, name)}\t\n" for name in ("clip00_kal16.ogg", "clip03_rms.ogg")))
+    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=1, save_every=1,
+                       validation_windows=2)  # of three recordings: the first and the last
+    manifest.write_text("".join(f"{os.path.join(DATA, name)}\t\n"
+                                for name in ("clip00_kal16.ogg", "clip01_slt.ogg", "clip03_rms.ogg")))
+    out = str(tmp_path / "run")
+    meta = fit(teacher_dir, out, config, shortlist_size=4096, progress=False)
+    assert meta["best_by"] == "validation" and "real" not in meta["validations"][-1]
+    longer = FitConfig(**{**config.__dict__, "steps": 3})
+    meta = fit(teacher_dir, out, longer, shortlist_size=4096, progress=False, real_speech=[str(manifest)])
+    real = meta["validations"][-1]["real"]
+    assert meta["best_by"] == "real" and real["windows"] == 2 and real["tokens_per_call"] > 0
+    assert meta["real_speech"] == ["clip00_kal16.ogg", "clip03_rms.ogg"]
+    assert meta["best"] == real["mean_accepted_length"]  # the first real score is the best so far
+    report = open(write_report(teacher_dir, out, str(tmp_path / "report")), encoding="utf-8").read()
+    assert "chosen by real speech" in report and "first windows of 2 recordings" in report

@@ -45,6 +45,9 @@ def main() -> None:
     fit.add_argument("--init", default=None, help="start from this drafter checkpoint (keeps its shortlist)")
     fit.add_argument("--grow", action="store_true",
                      help="on resume, also train on utterances extracted since the run started")
+    fit.add_argument("--real-speech", nargs="+", default=[], metavar="SET",
+                     help="also validate on real recordings and choose the best checkpoint by them: speech set "
+                          "names of `ct2-flash bench` (mfa, pocketsphinx; fetched once) or audio<TAB>text manifests")
     fit.add_argument("--no-audio", action="store_true", help="ablation: no cross-attention to the audio")
     fit.add_argument("--no-history", action="store_true", help="ablation: no target decoder states")
     export = steps.add_parser("export-validation", help="held-out validation audio as a bench manifest")
@@ -75,6 +78,7 @@ def main() -> None:
             count = extract(args.data, model_name=args.model, threads=args.threads, batch_size=args.batch_size)
         logging.info("extracted %d utterances into %s", count, args.data)
     elif args.step == "fit":
+        from ..benchmark.speech_sets import SETS, fetch
         from .fit import FitConfig, fit
 
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
@@ -83,10 +87,11 @@ def main() -> None:
                            anchor_weight=args.anchor_weight,
                            audio_window=None if args.all_audio else tuple(args.audio_window))
         out = args.out or os.path.join(args.data, "runs", "main")
+        real_speech = [fetch(name) if name in SETS else name for name in args.real_speech]
         with step_lock(out, "fit"):
             meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
                        use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init,
-                       grow=args.grow)
+                       grow=args.grow, real_speech=real_speech)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
     elif args.step == "export-validation":
         from .export import export_validation

@@ -33,7 +33,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -140,6 +140,55 @@ def load_examples(data_dir: str, split: str, limit: Optional[int] = None,
             continue
         examples.append(Example(path=path, **fields))
     return examples
+
+
+@dataclass(frozen=True)
+class SpeechWindow:
+    """The first 30 s window of one real recording, as ``validate`` reads it (no labels: the
+    loop itself decides what is accepted).
+
+    Attributes:
+        name: the recording's file name.
+        encoder_output: [frames, d] float16, the float32 target's encoder output.
+        prompt: the prompt (timestamps on or off by a stable hash of the name, as in extraction).
+        audio_frames: encoder frames holding audio.
+    """
+
+    name: str
+    encoder_output: np.ndarray
+    prompt: np.ndarray
+    audio_frames: int
+
+
+def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None) -> List[SpeechWindow]:
+    """Encode the first window of the recordings in the ``manifests`` (``audio<TAB>text`` TSV
+    files, as ``ct2-flash bench`` reads) once, for validation on real speech.
+
+    Args:
+        target: the float32 ``FlashWhisperModel`` the run validates with.
+        limit: at most this many, spread evenly over the manifests' recordings in order
+            (a validation in the loop costs about a second per window on 2 cores).
+    """
+    from ctranslate2 import StorageView
+    from faster_whisper.audio import decode_audio
+
+    from ..benchmark.manifest import read_manifest
+    from ..whisper_model import audio_frames
+    from .extract import prompt_for
+
+    special = target.model.decoder.runtime.special
+    utterances = [utterance for manifest in manifests for utterance in read_manifest(manifest)]
+    if limit is not None and len(utterances) > limit:
+        utterances = [utterances[i] for i in np.linspace(0, len(utterances) - 1, limit).round().astype(int)]
+    windows = []
+    for utterance in utterances:
+        features = target.window_features(decode_audio(utterance.path, sampling_rate=target.feature_extractor.sampling_rate))
+        batch = np.ascontiguousarray(features[None], dtype=np.float32)
+        encoded = target.model.encode(StorageView.from_array(batch), to_cpu=True)
+        windows.append(SpeechWindow(name=utterance.name, encoder_output=np.asarray(encoded)[0].astype(np.float16),
+                                    prompt=np.asarray(prompt_for(utterance.name, special), dtype=np.int64),
+                                    audio_frames=audio_frames(batch)[0]))
+    return windows
 
 
 def drafter_frames(example: Example, total: int) -> int:
@@ -341,10 +390,11 @@ def shortlist_from(examples: Sequence[Example], size: int, special, text_counts:
     return np.sort(np.concatenate([frequent, always]))
 
 
-def validate(model: FlashDrafterModel, decoder, examples: Sequence[Example],
+def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example, SpeechWindow]],
              audio_window: Optional[Tuple[int, int]] = None) -> Dict[str, float]:
     """Mean accepted length per round in the real cached loop on validation windows (the
-    drafter reading ``audio_window`` around the target's position, as at run time)."""
+    drafter reading ``audio_window`` around the target's position, as at run time): held-out
+    teacher utterances or real recordings (``speech_windows``)."""
     from ctranslate2 import StorageView
 
     from ..drafting import DecodingOptions
@@ -418,7 +468,7 @@ def _load_state(path: str, model, optimizer) -> dict:
 
 def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
         threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True,
-        init_from: Optional[str] = None, grow: bool = False) -> dict:
+        init_from: Optional[str] = None, grow: bool = False, real_speech: Sequence[str] = ()) -> dict:
     """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
     ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations.
 
@@ -430,6 +480,11 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     from that step on (recorded in ``data_growth``), so one long schedule can run across
     sessions while synthesis and extraction go on; the validation utterances never change.
     Without it a resumed run trains on exactly the utterances it started with.
+
+    ``real_speech``: manifests of real recordings (``audio<TAB>text``); each validation also
+    runs on their first windows (``real`` in the record), and the best checkpoint is then
+    chosen by real speech, which the drafter must serve, rather than by held-out synthetic
+    voices. A resumed run that starts validating on real speech starts its choice afresh.
     """
     from tqdm import tqdm
 
@@ -455,6 +510,8 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
     special = target.model.decoder.runtime.special
+    real = speech_windows(target, real_speech, config.validation_windows)
+    chosen_by = "real" if real else "validation"
     if init_from is not None:
         model = load_checkpoint(init_from, model_path)
         drafter_config = model.config
@@ -477,13 +534,16 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     os.makedirs(out_dir, exist_ok=True)
     meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
             "train_utterances": len(train), "validation_utterances": len(valid), "seconds": 0.0, "losses": [],
-            "init_from": init_from, **data}
+            "init_from": init_from, "best_by": chosen_by, **data}
     if resumed:
         meta = _load_state(state_path, model, optimizer)
         if len(data["train_ids"]) > len(meta.get("train_ids", data["train_ids"])):
             meta.setdefault("data_growth", []).append({"step": meta["step"], "train_utterances": len(train)})
         meta.update(data)  # runs saved before the ids were recorded keep what they resume with
         meta["train_utterances"] = len(train)
+        if meta.get("best_by", "validation") != chosen_by:  # scores of another set do not compare
+            meta.update(best=-1.0, best_by=chosen_by)
+    meta["real_speech"] = [window.name for window in real]
     # After the resume: the shortlist is the saved one. The data may have grown since, and a
     # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
     # instead of ~3 was the sign).
@@ -505,9 +565,13 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
             scores = validate(model, target.model.decoder, valid, config.audio_window)
             scores["step"] = meta["step"]
+            if real:
+                scores["real"] = {**validate(model, target.model.decoder, real, config.audio_window),
+                                  "windows": len(real)}
             meta["validations"].append(scores)
-            if scores["mean_accepted_length"] > meta["best"]:
-                meta["best"] = scores["mean_accepted_length"]
+            score = (scores["real"] if real else scores)["mean_accepted_length"]
+            if score > meta["best"]:
+                meta["best"] = score
                 save_checkpoint(model, os.path.join(out_dir, "best"))
         if meta["step"] % config.save_every == 0 or meta["step"] == config.steps:
             meta["seconds"] = time.time() - started

@@ -32,14 +32,24 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     left.plot(range(1, len(meta["losses"]) + 1), meta["losses"], linewidth=0.6)
     left.set(xlabel="step", ylabel="weighted cross-entropy", title="training loss")
     steps = [v["step"] for v in validations]
-    right.plot(steps, [v["mean_accepted_length"] for v in validations], marker="o", label="mean accepted length")
-    right.plot(steps, [v["tokens_per_call"] for v in validations], marker="s", label="tokens per target call")
+    right.plot(steps, [v["mean_accepted_length"] for v in validations], marker="o", label="accepted length, held-out voices")
+    right.plot(steps, [v["tokens_per_call"] for v in validations], marker="s", label="tokens per call, held-out voices")
+    real = [v for v in validations if "real" in v]
+    if real:
+        real_steps = [v["step"] for v in real]
+        right.plot(real_steps, [v["real"]["mean_accepted_length"] for v in real], marker="o", linestyle="--",
+                   label="accepted length, real speech")
+        right.plot(real_steps, [v["real"]["tokens_per_call"] for v in real], marker="s", linestyle="--",
+                   label="tokens per call, real speech")
     right.set(xlabel="step", title="validation, real cached loop")
-    right.legend()
+    right.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(os.path.join(out_dir, "validation_curves.png"), dpi=120)
 
-    best = max(validations, key=lambda v: v["mean_accepted_length"]) if validations else {}
+    # The checkpoint the run kept: chosen by real speech when it validated on some.
+    by_real = meta.get("best_by") == "real"
+    ranked = [v for v in validations if "real" in v] if by_real else validations
+    best = max(ranked, key=lambda v: (v["real"] if by_real else v)["mean_accepted_length"]) if ranked else {}
     lines = [
         "# Drafter training report",
         "",
@@ -47,7 +57,10 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
         f"{hours['validation']:.2f} h validation ({sorted(voices['validation'])})",
         f"- steps: {meta['step']} of {meta['fit_config']['steps']}, batch {meta['fit_config']['batch_size']}, "
         f"{meta['fit_config']['blocks_per_utterance']} blocks per utterance, wall time {meta['seconds'] / 60:.1f} min",
-        f"- best validation (step {best.get('step')}): " + ", ".join(f"{k} {v:.3f}" for k, v in best.items() if k != "step"),
+        f"- best validation (step {best.get('step')}, chosen by {'real speech' if by_real else 'held-out voices'}), "
+        "held-out voices: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items() if k not in ("step", "real")),
+        *([("- same step, real speech (first windows of " + str(best["real"]["windows"]) + " recordings): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in best["real"].items() if k != "windows"))] if "real" in best else []),
         *_started_from(meta.get("init_from")),
         "",
         "![validation curves](validation_curves.png)",
