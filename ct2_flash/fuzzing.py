@@ -29,8 +29,16 @@ DRAFTERS = ("shipped", "oracle", "random")
 NOT_SPECULATIVE = ("repetition_penalty", "no_repeat_ngram_size", "beam_size")
 
 
-def random_case(rng: np.random.Generator, clips: Sequence[str]) -> Dict[str, Any]:
-    """One case: {"clip", "drafter", "options"} with options as ``transcribe()`` takes them."""
+# A multilingual model's language (None: detected) and task, and prompts in other languages.
+LANGUAGES = (None, "en", "de", "fr", "es")
+FOREIGN_PROMPTS = ("Guten Tag, wie geht es Ihnen?", "Bonjour à tous, merci d'être venus.", "¿Dónde está la estación?")
+
+
+def random_case(rng: np.random.Generator, clips: Sequence[str], multilingual: bool = False) -> Dict[str, Any]:
+    """One case: {"clip", "drafter", "options"} with options as ``transcribe()`` takes them.
+
+    ``multilingual``: for a multilingual model, also draw the language (or detection), the
+    task (transcribe or translate) and prompts in other languages."""
     options: Dict[str, Any] = {"beam_size": 5 if rng.random() < 0.05 else 1}
 
     def maybe(probability: float) -> bool:
@@ -66,7 +74,12 @@ def random_case(rng: np.random.Generator, clips: Sequence[str]) -> Dict[str, Any
         options["repetition_penalty"] = 1.1
     if maybe(0.08):
         options["no_repeat_ngram_size"] = 3
-    if maybe(0.3):
+    if multilingual:
+        options["language"] = LANGUAGES[int(rng.integers(len(LANGUAGES)))]
+        options["task"] = "translate" if maybe(0.3) else "transcribe"
+        if maybe(0.3):
+            options["initial_prompt"] = str(rng.choice(FOREIGN_PROMPTS))
+    elif maybe(0.3):
         options["language"] = "en"
     # No sampled retry: one temperature, or a list with the thresholds that trigger it off.
     if maybe(0.5):
