@@ -6,6 +6,10 @@ script runs again, so a run can be split over sessions. The summary (cases, iden
 many were speculative, which fell back) goes to ``--out``.
 
     python bench/fuzz_exactness.py --cases 2000 --out bench/results/fuzz/fuzz.json
+    python bench/fuzz_exactness.py --model base --cases 300 --out bench/results/fuzz/fuzz_base.json
+
+On the multilingual base the cases also draw the language (or detection), the task and
+prompts in other languages.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections import Counter
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny.en", help="tiny.en or base (multilingual)")
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
@@ -37,32 +42,34 @@ def main() -> None:
 
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
     audio = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(data, "*.ogg")))}
-    path = resolve_model("tiny.en")
+    path = resolve_model(args.model)
     baseline = WhisperModel(path, compute_type="float32", cpu_threads=args.threads)
-    flash = FlashWhisperModel(path, compute_type="float32", cpu_threads=args.threads)
+    flash = FlashWhisperModel(args.model, compute_type="float32", cpu_threads=args.threads)
+    multilingual = flash.model.is_multilingual
     drafters = {"shipped": flash.model.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
-                "random": RandomDrafter(51864, seed=2)}
+                "random": RandomDrafter(flash.model.decoder.runtime.special.vocab_size, seed=2)}
     done = {}
     if os.path.exists(args.log):
         with open(args.log, encoding="utf-8") as stream:
-            done = {record["index"]: record for record in map(json.loads, stream) if record.get("seed") == args.seed}
+            done = {record["index"]: record for record in map(json.loads, stream)
+                    if record.get("seed") == args.seed and record.get("model", "tiny.en") == args.model}
     rng = np.random.default_rng(args.seed)
-    cases = [random_case(rng, sorted(audio)) for _ in range(args.cases)]  # drawn in full: resumes repeat them
+    cases = [random_case(rng, sorted(audio), multilingual) for _ in range(args.cases)]  # drawn in full: resumes repeat them
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     with open(args.log, "a", encoding="utf-8") as log:
         for index, case in enumerate(tqdm(cases, desc="fuzz")):
             if index in done:
                 continue
             result = run_case(case, flash, baseline, audio, drafters)
-            done[index] = {"index": index, "seed": args.seed, **result}
+            done[index] = {"index": index, "seed": args.seed, "model": args.model, **result}
             log.write(json.dumps(done[index]) + "\n")
             log.flush()
     records = [done[i] for i in range(len(cases))]
     options = Counter(name for record in records for name in record["options"])
     summary = {
         "what": "fuzzed exactness at float32: random transcribe() options and drafters vs faster-whisper",
-        "seed": args.seed, "cases": len(records),
+        "model": args.model, "seed": args.seed, "cases": len(records),
         "identical": sum(r["identical"] for r in records),
         "speculative_cases": sum(r["speculative_rows"] > 0 for r in records),
         "fallback_cases": sum(r["fallback_calls"] > 0 for r in records),
