@@ -13,11 +13,12 @@ from .audio import AudioError  # noqa: E402
 from .drafting import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
 from .models import UnknownModelError, available_models, resolve_model  # noqa: E402
 from .stats import SpecStats  # noqa: E402
-from .whisper_model import FlashWhisperModel  # noqa: E402
+from .whisper_model import BatchedInferencePipeline, FlashWhisperModel  # noqa: E402
 
 __all__ = [
     "Acceptance",
     "AudioError",
+    "BatchedInferencePipeline",
     "Drafter",
     "DraftWindow",
     "FlashWhisperModel",

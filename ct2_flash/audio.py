@@ -51,3 +51,19 @@ def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
     if bad:
         raise AudioError(f"the waveform has {bad} NaN or infinite samples (of {audio.size})")
     return audio.astype(np.float32, copy=False)
+
+
+def check_features(features: Any) -> None:
+    """Raise AudioError when log-mel features readable on the host are not all finite.
+
+    The last line of defence for paths that do not go through ``checked_audio`` (faster-whisper's
+    ``BatchedInferencePipeline`` computes features itself): NaN samples give NaN features, which
+    the float32 encoder turns into a transcript of nonsense and the int8 one into an engine
+    error. Features on a GPU are not checked.
+    """
+    try:
+        array = np.asarray(features)
+    except (TypeError, ValueError, RuntimeError, AttributeError):  # not on the host
+        return
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise AudioError("the audio has NaN or infinite samples (its log-mel features are not finite)")

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import ctranslate2
+import faster_whisper
 import numpy as np
 from faster_whisper import WhisperModel
 
-from .audio import checked_audio
+from .audio import check_features, checked_audio
 from .decoding import SpeculativeDecoder
 from .drafter_files import CheckpointError
 from .drafting import Drafter, DecodingOptions, PromptLookupDrafter
@@ -122,6 +123,7 @@ class SpeculativeWhisper:
         return self.decoder.stats
 
     def encode(self, features, to_cpu: bool = False):
+        check_features(features)
         started = time.perf_counter()
         output = self._model.encode(features, to_cpu=to_cpu)
         with self._counting:
@@ -395,6 +397,17 @@ class FlashWhisperModel(WhisperModel):
 
     def reset_spec_stats(self) -> None:
         self.model.stats.reset()
+
+
+class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
+    """faster-whisper's ``BatchedInferencePipeline`` whose ``transcribe()`` checks the audio
+    first (``audio.checked_audio``), as ``FlashWhisperModel.transcribe`` does: a 2-D array,
+    integer samples or an unreadable file raise ``AudioError`` before anything is decoded.
+    faster-whisper's own class works with a ``FlashWhisperModel`` too; there, only NaN or
+    infinite samples are caught (at the encoder, ``audio.check_features``)."""
+
+    def transcribe(self, audio, *args, **kwargs):
+        return super().transcribe(checked_audio(audio, self.model.feature_extractor.sampling_rate), *args, **kwargs)
 
 
 SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")

@@ -58,6 +58,29 @@ def test_bad_waveforms_raise_before_decoding_and_the_model_stays_usable(pair, cl
     assert segments_of(pair.flash, audio, beam_size=1) == pair.reference("clip01_slt.ogg", audio, beam_size=1)
 
 
+def test_batched_pipeline_checks_the_audio_too(float32_pair, clips):
+    """ct2_flash.BatchedInferencePipeline checks like FlashWhisperModel.transcribe; faster-
+    whisper's own pipeline over a FlashWhisperModel still stops NaN samples at the encoder
+    (they gave a transcript of nonsense) instead of decoding them; both stay usable."""
+    import faster_whisper
+
+    from ct2_flash import BatchedInferencePipeline
+
+    audio = clips["clip01_slt.ogg"]
+    nan = np.where(np.arange(audio.size) == 100, np.nan, audio).astype(np.float32)
+    ours = BatchedInferencePipeline(model=float32_pair.flash)
+    theirs = faster_whisper.BatchedInferencePipeline(model=float32_pair.flash)
+    for bad, message in [(nan, "1 NaN or infinite"), (np.stack([audio, audio]), "1-D mono"),
+                         ((audio * 32767).astype(np.int16), "dtype int16")]:
+        with pytest.raises(AudioError, match=message):
+            ours.transcribe(bad, batch_size=2)
+    with pytest.raises(AudioError, match="log-mel features are not finite"):
+        list(theirs.transcribe(nan, batch_size=2)[0])
+    expected = [s.text for s in faster_whisper.BatchedInferencePipeline(model=float32_pair.baseline).transcribe(audio)[0]]
+    assert [s.text for s in ours.transcribe(audio)[0]] == expected
+    assert [s.text for s in theirs.transcribe(audio)[0]] == expected
+
+
 def test_drafter_for_another_vocabulary_is_refused(model_path):
     drafter = RandomDrafter(vocab_size=51865, vocab_size_check=51865)  # multilingual size
     with pytest.raises(ValueError, match="vocabulary of 51865 tokens.*has 51864"):
