@@ -23,10 +23,10 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .acceptance import Acceptance, greedy_accept, sample_accept
+from .acceptance import Acceptance, draw, greedy_accept, sample_accept
 from .draft_length import DraftLengthPolicy
 from .drafting import Drafter, DraftWindow, DecodingOptions
-from .logit_rules import LogitRules
+from .logit_rules import LogitRules, sampling_distribution
 from .stats import SpecStats
 from .target import PromptLayout, TargetRuntime
 
@@ -69,13 +69,20 @@ class SpeculativeDecoder:
             sampled ``decode`` of a decoder draws its uniforms from (seed, n), one pair per
             output position, so a seeded decoder repeats its outputs call for call, whatever
             the drafter proposed and however the rounds fell. Greedy decoding draws nothing.
+        draw_drafts: under sampling, draw the drafts from the drafter's own distribution (its
+            logits under the target's logit rules, temperature and top-k) and judge them by
+            the rejection rule, where the drafter gives logits; False proposes its most likely
+            tokens outright (each kept with probability p(draft), the target's draw decides).
+            A seeded run then depends on the drafter's distribution as well as the seed.
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
-                 adaptive: bool = False, guard_margin: Union[float, Sequence[float]] = 0.0, seed: Optional[int] = None):
+                 adaptive: bool = False, guard_margin: Union[float, Sequence[float]] = 0.0, seed: Optional[int] = None,
+                 draw_drafts: bool = True):
         if num_draft_tokens < 1:
             raise ValueError("num_draft_tokens must be >= 1")
         self.seeded = seed is not None
+        self.draw_drafts = draw_drafts
         self._entropy = np.random.SeedSequence(seed).entropy
         self._sampled_calls = 0
         self.guard_margin = guard_margin
@@ -158,7 +165,10 @@ class SpeculativeDecoder:
         if options.sampling:
             # [position in generated, 2]: the acceptance test's and the draw's uniform.
             rng = np.random.default_rng([self._entropy, self._sampled_calls])
-            state.uniforms = rng.random((len(state.generated) + max(state.steps_left, 0) + 1, 2))
+            positions = len(state.generated) + max(state.steps_left, 0) + 1
+            state.uniforms = rng.random((positions, 2))
+            # Drafts drawn from the drafter's distribution use a stream of their own.
+            state.draft_uniforms = np.random.default_rng([self._entropy, self._sampled_calls, 1]).random(positions)
             self._sampled_calls += 1
 
         # The engine returns its alignment attention with each pass only for drafters that use it.
@@ -219,6 +229,10 @@ class SpeculativeDecoder:
                 # Verify as many as pay for their rows (the proposal itself is paid already).
                 count = self.lengths.choose(confidences)
                 drafts, confidences = drafts[:count], confidences[:count]
+            if state.options.sampling and self.draw_drafts and proposal.logits is not None and drafts:
+                drafts, draft_probs = state.draw_drafts(proposal, len(drafts))
+                confidences = confidences[: len(drafts)]
+                stats.drawn_rounds += 1
             stats.draft_rounds += 1
 
         with _timed(stats, "verify_seconds"):
@@ -347,6 +361,7 @@ class _Decoding:
     generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
     options: DecodingOptions = field(default_factory=DecodingOptions)
     uniforms: Optional[np.ndarray] = None  # [positions, 2] under sampling (see SpeculativeDecoder)
+    draft_uniforms: Optional[np.ndarray] = None  # [positions] for drafts drawn from the drafter
     steps_left: int = 0
     log_prob_sum: float = 0.0
     sampled: bool = False
@@ -359,6 +374,37 @@ class _Decoding:
     @property
     def finished(self) -> bool:
         return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
+
+    def draw_drafts(self, proposal, count: int) -> Tuple[List[int], Optional[np.ndarray]]:
+        """Draw up to ``count`` drafts from the drafter's distribution q at each position.
+
+        Each row of the proposal's logits is scattered into the whole vocabulary (tokens off
+        the drafter's shortlist get none), edited by the target's logit rules given the tokens
+        before it, drafts included, and scaled by the temperature and top-k of the call, so
+        that the drafter never proposes what the target rules out. Stops early at a row the
+        rules leave empty or after an end-of-text.
+
+        Returns:
+            the drafts [n'] and their distributions [n', vocab] (None when n' = 0).
+        """
+        options, special = self.options, self.rules.special
+        start, vocabulary = len(self.generated), proposal.vocabulary
+        rows = np.full((count, special.vocab_size), -np.inf, dtype=np.float32)
+        rows[:, vocabulary] = proposal.logits[:count]
+        drafts: List[int] = []
+        probs = np.zeros((count, special.vocab_size))
+        for j in range(count):
+            self.rules.apply(rows[j], [*self.generated, *drafts])
+            # q lives on the shortlist: softmax and draw over its columns only.
+            short = rows[j, vocabulary]
+            if not np.isfinite(short.max()):
+                break
+            q = sampling_distribution(short, options.sampling_temperature, options.sampling_topk)
+            drafts.append(int(vocabulary[draw(q, float(self.draft_uniforms[start + j]))]))
+            probs[j, vocabulary] = q
+            if drafts[-1] == special.eot:
+                break
+        return drafts, (probs[: len(drafts)] if drafts else None)
 
     def emit(self, drafts: Sequence[int], logits: np.ndarray, stats: SpecStats,
              guard_margin: Optional[np.ndarray] = None, draft_probs: Optional[np.ndarray] = None) -> Acceptance:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -133,11 +133,16 @@ class Proposal:
         log_probs: [n] the drafter's log-probability of each proposed token given the ones
             before it, or empty when the drafter has no such estimate (prompt lookup).
         probs: [n, vocab] the drafter's probabilities for them, or None (greedy only).
+        logits: [n, m] the drafter's logits at each position over the tokens ``vocabulary``
+            names ([m] ids), or None: the distribution sampled decoding draws drafts from
+            (after the target's logit rules and temperature; see ``SpeculativeDecoder``).
     """
 
     tokens: Tuple[int, ...]
     log_probs: Tuple[float, ...] = ()
     probs: Optional[np.ndarray] = None
+    logits: Optional[np.ndarray] = None
+    vocabulary: Optional[np.ndarray] = None
 
 
 class Drafter(abc.ABC):
@@ -225,7 +230,8 @@ def cut_by_confidence(proposal: Proposal, min_confidence: float) -> Proposal:
     if min_confidence <= 0.0 or not proposal.log_probs:
         return proposal
     keep = int(np.sum(np.cumsum(proposal.log_probs) >= math.log(min_confidence)))
-    return Proposal(tokens=proposal.tokens[:keep], log_probs=proposal.log_probs[:keep])
+    return replace(proposal, tokens=proposal.tokens[:keep], log_probs=proposal.log_probs[:keep],
+                   logits=None if proposal.logits is None else proposal.logits[:keep])
 
 
 def check_audio_window(window: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:

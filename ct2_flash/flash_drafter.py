@@ -259,5 +259,7 @@ class FlashDrafter(Drafter):
             best, index = logits.max(-1)
             tokens = self._vocabulary[index].tolist()
             log_probs = (best - torch.logsumexp(logits, -1)).tolist()  # log p(best) per position
-        return cut_by_confidence(Proposal(tokens=tuple(tokens), log_probs=tuple(log_probs)), self.min_confidence)
+        proposal = Proposal(tokens=tuple(tokens), log_probs=tuple(log_probs), logits=logits.numpy(),
+                            vocabulary=self._vocabulary.numpy())
+        return cut_by_confidence(proposal, self.min_confidence)
 

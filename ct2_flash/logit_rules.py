@@ -299,16 +299,8 @@ class BlockChoice:
 
     def distribution(self, row: int, temperature: float, topk: int) -> np.ndarray:
         """[vocab] float64 probabilities CTranslate2's ``RandomSampler`` draws row ``row``'s
-        token from: softmax(edited logits / temperature) over the ``topk`` best (0: all)."""
-        logits = self.edited[row]
-        if 0 < topk < len(logits):
-            kept = np.argpartition(-logits, topk - 1)[:topk]
-            scaled = np.full(len(logits), -np.inf, dtype=np.float32)
-            scaled[kept] = logits[kept] / np.float32(temperature)
-        else:
-            scaled = logits / np.float32(temperature)
-        weights = np.exp(scaled - scaled.max()).astype(np.float64)
-        return weights / weights.sum()
+        token from (``sampling_distribution`` of the edited row)."""
+        return sampling_distribution(self.edited[row], temperature, topk)
 
     def log_probs(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens)] log-probability of tokens[j] under edited row j (CTranslate2's score
@@ -316,6 +308,20 @@ class BlockChoice:
         count = len(tokens)
         rows = self.edited[:count]
         return rows[np.arange(count), np.asarray(tokens, dtype=np.int64)] - _logsumexp_rows(rows)
+
+
+def sampling_distribution(logits: np.ndarray, temperature: float, topk: int) -> np.ndarray:
+    """[vocab] float64 softmax(logits / temperature) over the ``topk`` largest logits (0: all),
+    as CTranslate2's ``RandomSampler`` samples; ``logits`` [vocab] float32 (edited by the rules,
+    at least one finite)."""
+    if 0 < topk < len(logits):
+        kept = np.argpartition(-logits, topk - 1)[:topk]
+        scaled = np.full(len(logits), -np.inf, dtype=np.float32)
+        scaled[kept] = logits[kept] / np.float32(temperature)
+    else:
+        scaled = logits / np.float32(temperature)
+    weights = np.exp(scaled - scaled.max()).astype(np.float64)
+    return weights / weights.sum()
 
 
 def _logsumexp_rows(values: np.ndarray) -> np.ndarray:

@@ -46,11 +46,15 @@ class ExportManifest:
         opset: ONNX opset of every graph.
         graphs: precision -> graph name ("audio", "history", "propose") -> file name.
         verification: precision -> agreement with the PyTorch drafter (see the converter).
+        vocabulary: the token id of each column of the proposal graph's ``logits`` output (the
+            drafter's shortlist), or None for drafters converted before it was written (they
+            propose greedily only).
     """
 
     opset: int
     graphs: Dict[str, Dict[str, str]]
     verification: Dict[str, dict]
+    vocabulary: Optional[List[int]] = None
 
     @classmethod
     def read(cls, directory: str) -> "ExportManifest":
@@ -61,7 +65,8 @@ class ExportManifest:
         try:
             with open(path, encoding="utf-8") as stream:
                 data = json.load(stream)
-            manifest = cls(opset=int(data["opset"]), graphs=data["graphs"], verification=data.get("verification", {}))
+            manifest = cls(opset=int(data["opset"]), graphs=data["graphs"], verification=data.get("verification", {}),
+                           vocabulary=data.get("vocabulary"))
         except (ValueError, TypeError, KeyError) as error:
             raise CheckpointError(f"{path} is not a valid export manifest: {error}") from error
         for precision, files in manifest.graphs.items():
@@ -71,7 +76,10 @@ class ExportManifest:
 
     def write(self, directory: str) -> None:
         with open(os.path.join(directory, EXPORT_FILE), "w", encoding="utf-8") as stream:
-            json.dump({"opset": self.opset, "graphs": self.graphs, "verification": self.verification}, stream, indent=2)
+            record = {"opset": self.opset, "graphs": self.graphs, "verification": self.verification}
+            if self.vocabulary is not None:
+                record["vocabulary"] = self.vocabulary
+            json.dump(record, stream, indent=2)
 
 
 def has_graphs(directory: str) -> bool:
@@ -172,6 +180,11 @@ class OnnxDrafter(Drafter):
         rows = config.max_positions + config.num_draft_tokens + 1
         self._buffers = [np.zeros((rows, config.num_heads, head_dim), dtype=np.float32) for _ in self._history_names]
         self._binding = self._propose.io_binding()
+        # The proposal distribution, for sampled decoding, where the graph has it.
+        outputs = {output.name for output in self._propose.get_outputs()}
+        self._vocabulary = None
+        if manifest.vocabulary is not None and "logits" in outputs:
+            self._vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
         self._audio_kv: List[np.ndarray] = []  # per layer keys, values [heads, frames, head_dim]
         self._audio_span = (0, 0)  # the frames the binding reads
         self._bound_audio: List[np.ndarray] = []
@@ -187,6 +200,8 @@ class OnnxDrafter(Drafter):
         self._bind_audio(0, encoder_output.shape[1])
         self._binding.bind_output("tokens")
         self._binding.bind_output("log_probs")
+        if self._vocabulary is not None:
+            self._binding.bind_output("logits")
         self._rows = 0
         # The first states the controller hands over are those of the last prompt position.
         self._history_start = len(window.prompt) - 1
@@ -228,6 +243,7 @@ class OnnxDrafter(Drafter):
         for name, buffer in zip(self._history_names, self._buffers):
             binding.bind_cpu_input(name, buffer[: self._rows])  # a contiguous prefix: no copy
         self._propose.run_with_iobinding(binding)
-        tokens, log_probs = binding.copy_outputs_to_cpu()
-        proposal = Proposal(tokens=tuple(tokens[:num_tokens].tolist()), log_probs=tuple(log_probs[:num_tokens].tolist()))
+        tokens, log_probs, *logits = binding.copy_outputs_to_cpu()
+        proposal = Proposal(tokens=tuple(tokens[:num_tokens].tolist()), log_probs=tuple(log_probs[:num_tokens].tolist()),
+                            logits=logits[0][:num_tokens] if logits else None, vocabulary=self._vocabulary)
         return cut_by_confidence(proposal, self.min_confidence)

@@ -13,6 +13,8 @@ class SpecStats:
     Attributes:
         target_calls: target decoder passes (prefill counts as one, each verification as one).
         draft_rounds: rounds in which the drafter was asked for tokens.
+        drawn_rounds: of those, sampled rounds whose drafts were drawn from the drafter's own
+            distribution (the rejection rule with q) rather than proposed outright.
         proposed: draft tokens sent to verification.
         accepted: draft tokens the target agreed with.
         emitted: tokens produced (accepted drafts, corrections, bonuses, first tokens).
@@ -37,6 +39,7 @@ class SpecStats:
 
     target_calls: int = 0
     draft_rounds: int = 0
+    drawn_rounds: int = 0
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0

@@ -170,6 +170,12 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     a, b = exported.propose([1, 2, 3], 8), reference.propose([1, 2, 3], 8)
     assert a.tokens == b.tokens
     np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-4)
+    # The proposal distribution sampled decoding draws from: the same logits over the same
+    # shortlist, whose best tokens are the proposal.
+    assert a.logits.shape == b.logits.shape == (8, 512)
+    np.testing.assert_array_equal(a.vocabulary, b.vocabulary)
+    np.testing.assert_allclose(a.logits, b.logits, atol=1e-3)
+    assert tuple(a.vocabulary[a.logits.argmax(axis=1)]) == a.tokens
 
 
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):

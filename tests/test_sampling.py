@@ -33,11 +33,14 @@ def two_sample_statistic(a: Counter, b: Counter) -> tuple:
     return statistic, len(cells) - 1
 
 
-@pytest.mark.parametrize("prompt_name", ["timestamps", "no timestamps"])
-def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt_name):
-    """At T = 1, the first three tokens sampled through the loop (a drafter that proposes the
-    target's greedy tokens, so drafts are accepted and rejected) follow CTranslate2's own
-    sampling: two-sample chi-square over 400 draws each, false-alarm rate 1e-3."""
+@pytest.mark.parametrize("prompt_name, drafter", [("timestamps", "oracle"), ("no timestamps", "oracle"),
+                                                   ("timestamps", "shipped")])
+def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt_name, drafter):
+    """At T = 1, the first three tokens sampled through the loop follow CTranslate2's own
+    sampling (two-sample chi-square over 400 draws each, false-alarm rate 1e-3), with drafts
+    proposed outright (the oracle: the target's greedy tokens, so drafts are accepted and
+    rejected) and drafts drawn from the shipped drafter's own distribution (the rejection
+    rule with q)."""
     flash = seeded
     encoder_output = flash.encode_window(clips["clip01_slt.ogg"])
     prompt = [50257] if prompt_name == "timestamps" else [50257, 50362]
@@ -45,11 +48,14 @@ def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt
     options = dict(SAMPLED, max_length=len(prompt) + 6)  # 3 steps: min(max_length // 2, max_length - context)
     reference = flash.model._model.generate(encoder_output, [prompt], num_hypotheses=draws, **options)[0]
     theirs = Counter(tuple(ids[:3]) for ids in reference.sequences_ids)
-    with using_drafter(flash.model.decoder, OracleDrafter(flash.reference_model)):
+    chosen = OracleDrafter(flash.reference_model) if drafter == "oracle" else flash.model.decoder.drafter
+    flash.reset_spec_stats()
+    with using_drafter(flash.model.decoder, chosen):
         ours = Counter(tuple(flash.model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
                        for _ in range(draws))
         stats = flash.spec_stats
     assert stats.draft_rounds > 0 and 0 < stats.acceptance_rate < 1  # drafts were judged both ways
+    assert (stats.drawn_rounds > 0) == (drafter == "shipped")  # drafts drawn from q only from the shipped drafter
     for length in (1, 3):
         a = Counter({k[:length]: 0 for k in ours})
         b = Counter({k[:length]: 0 for k in theirs})
@@ -61,23 +67,28 @@ def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt
         assert df >= 1 and statistic < chi_square_critical(max(df, 3)), (length, a.most_common(8), b.most_common(8))
 
 
-def test_seeded_sampling_repeats_whatever_the_drafter(model_path, clips):
-    """Two models with the same seed give the same samples call for call, with different
-    drafters (the draws are fixed per output position); another seed gives others."""
+def test_seeded_sampling_repeats(model_path, clips):
+    """Two models with the same seed give the same samples call for call. Drafts proposed
+    outright leave the samples to the target's draws, fixed per output position, so they are
+    the same whatever the drafter (oracle, random, the shipped one with ``draw_drafts`` off);
+    drafts drawn from the shipped drafter's distribution repeat too. Another seed gives others."""
     audio = clips["clip04_slt.ogg"]
     runs = []
-    for seed, drafter in ((3, "oracle"), (3, "random"), (3, None), (4, None)):
+    cases = ((3, "oracle"), (3, "random"), (3, "outright"), (3, None), (3, None), (4, None))
+    for seed, drafter in cases:
         flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, seed=seed)
         encoder_output = flash.encode_window(audio)
         chosen = {"oracle": OracleDrafter(flash.reference_model), "random": RandomDrafter(51864, seed=1),
-                  None: flash.model.decoder.drafter}[drafter]
+                  "outright": flash.model.decoder.drafter, None: flash.model.decoder.drafter}[drafter]
+        flash.model.decoder.draw_drafts = drafter != "outright"
         with using_drafter(flash.model.decoder, chosen):
             results = [flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
                                             sampling_temperature=t, num_hypotheses=2, return_scores=True)[0]
                        for t in (0.6, 1.0)]
         runs.append([(r.sequences_ids, [round(s, 4) for s in r.scores]) for r in results])
     assert runs[0] == runs[1] == runs[2]
-    assert runs[3] != runs[0]
+    assert runs[3] == runs[4]
+    assert runs[5] != runs[3]
 
 
 def test_best_of_returns_hypotheses_best_score_first(seeded, clips):
@@ -121,3 +132,34 @@ def test_bad_sampling_options_fail_before_decoding(seeded, clips, options, messa
     assert flash.spec_stats.target_calls == calls
     with pytest.raises(ValueError, match=message):
         DecodingOptions(**options)
+
+
+def test_drafts_drawn_from_the_drafter_obey_the_targets_rules():
+    """``draw_drafts``: q at each position is the drafter's logits over its shortlist after the
+    target's rules (given the drafts before it) and temperature; the drafts follow it."""
+    import numpy as np
+
+    from ct2_flash.decoding import _Decoding
+    from ct2_flash.drafting import Proposal
+    from ct2_flash.logit_rules import LogitRules, SpecialTokens
+
+    special = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362,
+                            vocab_size=51864)
+    ts = special.timestamp_begin
+    rules = LogitRules(special=special, suppress_ids=(11,), suppress_begin_ids=(), timestamps=True,
+                       max_initial_timestamp_id=ts + 50, sample_begin=0)
+    vocabulary = np.array([11, 262, 290, special.eot, ts, ts + 3, ts + 10], dtype=np.int64)
+    # Every position prefers ts + 3 (logit 9) over text (5 for a suppressed token, 1 for others).
+    logits = np.array([[5.0, 1.0, 1.0, 0.0, 0.0, 9.0, 0.0]] * 3, dtype=np.float32)
+    state = _Decoding(rules=rules, generated=[], options=DecodingOptions(sampling_temperature=1.0, sampling_topk=0))
+    state.draft_uniforms = np.full(10, 0.5)
+    drafts, probs = state.draw_drafts(Proposal(tokens=(0, 0, 0), logits=logits, vocabulary=vocabulary), 3)
+    assert drafts[0] == ts + 3  # the first token must be a timestamp: text has no mass
+    assert probs.shape == (len(drafts), 51864) and np.allclose(probs.sum(axis=1), 1.0)
+    off = np.setdiff1d(np.arange(51864), vocabulary)
+    assert probs[:, off].max() == 0 and probs[:, 11].max() == 0  # off the shortlist, suppressed
+    assert probs[0, :ts].max() == 0
+    # The first timestamp counts as a pair: text follows, and after it no timestamp <= ts + 3.
+    assert probs[1, ts:].max() == 0 and drafts[1] in (262, 290, special.eot)
+    if drafts[1] != special.eot:
+        assert probs[2, ts : ts + 4].max() == 0 and probs[2, ts + 10] > 0

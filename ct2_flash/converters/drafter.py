@@ -102,10 +102,11 @@ def convert_drafter(checkpoint: str, output_dir: str, model_path: Optional[str] 
         save_checkpoint(load_checkpoint(checkpoint, model_path), work, torch.float16)
         model = load_checkpoint(work, model_path)
         export_graphs(model, work)
-        ExportManifest(opset=OPSET, graphs=_FILES, verification={}).write(work)
+        vocabulary = [int(i) for i in model.shortlist.tolist()]
+        ExportManifest(opset=OPSET, graphs=_FILES, verification={}, vocabulary=vocabulary).write(work)
         verification = {precision: verify(model, work, model_path, precision, windows, max_positions)
                         for precision in _FILES}
-        manifest = ExportManifest(opset=OPSET, graphs=_FILES, verification=verification)
+        manifest = ExportManifest(opset=OPSET, graphs=_FILES, verification=verification, vocabulary=vocabulary)
         manifest.write(work)
         float32 = verification["float32"]
         if float32["max_log_prob_difference"] > FLOAT32_TOLERANCE:
@@ -140,7 +141,7 @@ def export_graphs(model, directory: str) -> None:
         "history": (HistoryKeys(model), (states, positions), ["states", "positions"], history_names,
                     {"states": {0: "rows"}, "positions": {0: "rows"}, **{name: {0: "rows"} for name in history_names}}),
         "propose": (ProposeBlock(model), (torch.randn(1, d), torch.tensor([7]), *history, *audio),
-                    ["anchor_embedding", "position", *history_names, *audio_names], ["tokens", "log_probs"],
+                    ["anchor_embedding", "position", *history_names, *audio_names], ["tokens", "log_probs", "logits"],
                     {**{name: {0: "history_length"} for name in history_names},
                      **{name: {1: "frames"} for name in audio_names}}),
     }

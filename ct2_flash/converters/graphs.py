@@ -75,6 +75,9 @@ class ProposeBlock(nn.Module):
     Outputs:
         tokens: [K] int64 the most likely token at each mask position.
         log_probs: [K] float32 its log-probability under the drafter (over the shortlist).
+        logits: [K, shortlist] float32 every shortlist token's logit (column i is token
+            ``vocabulary[i]``, recorded in ``export.json``): the proposal distribution that
+            sampled decoding draws drafts from.
     """
 
     def __init__(self, model: FlashDrafterModel) -> None:
@@ -98,4 +101,4 @@ class ProposeBlock(nn.Module):
         logits = states[0, 1:] @ self.head  # [K, shortlist]
         log_probs = torch.log_softmax(logits, dim=-1)
         best, index = log_probs.max(dim=-1)
-        return self.vocabulary[index], best
+        return self.vocabulary[index], best, logits
