@@ -38,7 +38,7 @@ CACHE_DRIFT_LIMIT = 4.0
 
 def drafter_for(kind: str, pair):
     if kind == "oracle":
-        return OracleDrafter(pair.flash.model._model, error_rate=0.25, seed=1)
+        return OracleDrafter(pair.flash.reference_model, error_rate=0.25, seed=1)
     if kind == "random":
         return RandomDrafter(vocab_size=51864, seed=2)
     return None

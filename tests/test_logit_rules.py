@@ -42,7 +42,7 @@ def test_disabled_tokens_match_ctranslate2(float32_pair, windows, name, options)
     rules = decoder.rules_for(prompt, greedy)
     checked = 0
     for window in windows:
-        result = flash.model._model.generate(window, [prompt], beam_size=1, return_logits_vocab=True, **options)[0]
+        result = flash.reference_model.generate(window, [prompt], beam_size=1, return_logits_vocab=True, **options)[0]
         tokens = list(result.sequences_ids[0])
         ct2_rows = [np.asarray(row) for row in result.logits[0]]
         prefix = rules.sample_begin
@@ -125,7 +125,7 @@ def test_block_rules_equal_per_row_rules_on_real_rows(float32_pair, windows, nam
     rules = decoder.rules_for(prompt, DecodingOptions())
     blocks = 0
     for window in windows:
-        tokens = list(flash.model._model.generate(window, [prompt], beam_size=1)[0].sequences_ids[0])
+        tokens = list(flash.reference_model.generate(window, [prompt], beam_size=1)[0].sequences_ids[0])
         prefill = decoder.runtime.start(window, prompt)
         rows = np.concatenate([prefill.next_logits[None], prefill.sequence.verify(tokens[:-1])])  # row i -> tokens[i]
         for start in range(0, len(tokens) - 1, 3):

@@ -46,7 +46,7 @@ def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt
     prompt = [50257] if prompt_name == "timestamps" else [50257, 50362]
     draws = 400
     options = dict(SAMPLED, max_length=len(prompt) + 6)  # 3 steps: min(max_length // 2, max_length - context)
-    reference = flash.model._model.generate(encoder_output, [prompt], num_hypotheses=draws, **options)[0]
+    reference = flash.reference_model.generate(encoder_output, [prompt], num_hypotheses=draws, **options)[0]
     theirs = Counter(tuple(ids[:3]) for ids in reference.sequences_ids)
     chosen = OracleDrafter(flash.reference_model) if drafter == "oracle" else flash.model.decoder.drafter
     flash.reset_spec_stats()
@@ -98,7 +98,7 @@ def test_best_of_returns_hypotheses_best_score_first(seeded, clips):
                                   num_hypotheses=4, return_scores=True, return_no_speech_prob=True)[0]
     assert len(result.sequences_ids) == len(result.sequences) == len(result.scores) == 4
     assert result.scores == sorted(result.scores, reverse=True) and all(math.isfinite(s) for s in result.scores)
-    reference = flash.model._model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
+    reference = flash.reference_model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
                                             sampling_temperature=0.8, return_no_speech_prob=True)[0]
     assert result.no_speech_prob == pytest.approx(reference.no_speech_prob, abs=1e-6)
 

@@ -77,7 +77,7 @@ def test_tokens_score_and_no_speech_match_generate(float32_pair, window, name):
     flash = float32_pair.flash
     prompt = prompts(flash)[name]
     options = dict(beam_size=1, return_scores=True, return_no_speech_prob=True, max_initial_timestamp_index=50)
-    expected = flash.model._model.generate(window, [prompt], **options)[0]
+    expected = flash.reference_model.generate(window, [prompt], **options)[0]
     got = flash.model.generate(window, [prompt], **options)[0]
     assert got.sequences_ids == expected.sequences_ids
     assert got.sequences == expected.sequences
@@ -97,7 +97,7 @@ def test_max_length_budget_matches_generate(float32_pair, window):
 
     for prompt in prompts(flash).values():
         for max_length in (1, 2, 4, 9, 20, 23):
-            expected = outcome(flash.model._model.generate, prompt, max_length)
+            expected = outcome(flash.reference_model.generate, prompt, max_length)
             got = outcome(flash.model.generate, prompt, max_length)
             assert got[0] == expected[0], (prompt, max_length)
             if expected[1] is not None:
@@ -114,7 +114,7 @@ def test_suppression_options_match_generate(float32_pair, window):
         dict(length_penalty=0.5),
     ):
         kwargs = dict(beam_size=1, return_scores=True, **options)
-        expected = flash.model._model.generate(window, [[50257]], **kwargs)[0]
+        expected = flash.reference_model.generate(window, [[50257]], **kwargs)[0]
         got = flash.model.generate(window, [[50257]], **kwargs)[0]
         assert got.sequences_ids == expected.sequences_ids, options
         # CTranslate2's vectorised log-softmax is a few 1e-6 off per token, so compare the

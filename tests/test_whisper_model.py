@@ -16,7 +16,7 @@ from .conftest import segments_of
 def oracle_flash(float32_pair):
     """The float32 FlashWhisperModel with a perfect oracle drafter, restored afterwards."""
     flash = float32_pair.flash
-    with using_drafter(flash.model.decoder, OracleDrafter(flash.model._model)):
+    with using_drafter(flash.model.decoder, OracleDrafter(flash.reference_model)):
         flash.reset_spec_stats()
         yield flash
 

@@ -320,10 +320,11 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
                                batch.get("cross_mask"), cross_weights=anchored)
     states, attention = out if anchored else (out, None)
     states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
-    logits = model.logits(states)  # [B, N, K, shortlist]
+    # One log-softmax over the shortlist serves both terms (it and its backward were ~8% of a step twice).
+    log_probs = torch.log_softmax(model.logits(states), dim=-1)  # [B, N, K, shortlist]
     labels = batch["labels"]
     targets = torch.where(labels >= 0, full_to_short[labels.clamp(min=0)], IGNORE)
-    losses = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    losses = F.nll_loss(log_probs.flatten(0, 2), targets.flatten(), ignore_index=IGNORE, reduction="none")
     if kl_weight > 0:
         if "soft_ids" not in batch:
             raise ValueError("kl_weight > 0 needs the target's top-k distributions: rerun the extract step "
@@ -331,7 +332,7 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
         short_ids = full_to_short[batch["soft_ids"]]  # [B, N, K, top], IGNORE outside the shortlist
         teacher = batch["soft_log_probs"].masked_fill(short_ids < 0, float("-inf"))
         teacher = torch.softmax(teacher, dim=-1).nan_to_num(0.0)  # rows with nothing in the shortlist: 0
-        student = torch.log_softmax(logits, dim=-1).gather(-1, short_ids.clamp(min=0))
+        student = log_probs.gather(-1, short_ids.clamp(min=0))
         losses = losses + kl_weight * -(teacher * student).sum(-1).flatten()
     weights = position_weights(k).expand_as(labels).flatten() * (targets.flatten() != IGNORE)
     loss = (losses * weights).sum() / weights.sum().clamp(min=1.0)
