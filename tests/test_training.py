@@ -291,3 +291,42 @@ def test_validation_on_real_speech_chooses_the_checkpoint(teacher_dir, tmp_path)
     assert meta["best"] == real["mean_accepted_length"]  # the first real score is the best so far
     report = open(write_report(teacher_dir, out, str(tmp_path / "report")), encoding="utf-8").read()
     assert "chosen by real speech" in report and "first windows of 2 recordings" in report
+
+
+def test_damaged_teacher_files_are_skipped_and_counted(teacher_dir, tmp_path, monkeypatch):
+    """A truncated teacher file is skipped when the run loads, one that stops reading during the
+    run is dropped at the batch that needs it; both are named in the run's record and report."""
+    import shutil
+
+    import ct2_flash.train.fit as fit_module
+    from ct2_flash.train.report import write_report
+
+    data = tmp_path / "data"
+    shutil.copytree(teacher_dir, data)
+    with open(data / "teacher.jsonl", encoding="utf-8") as stream:
+        record = next(r for r in map(json.loads, stream) if r["id"] == "utt000000")
+    with open(data / "manifest.jsonl", encoding="utf-8") as stream:
+        entry = next(e for e in map(json.loads, stream) if e["id"] == "utt000000")
+    for name in ("utt000002", "utt000003"):
+        shutil.copy(data / "teacher" / "utt000000.npz", data / "teacher" / f"{name}.npz")
+        with open(data / "teacher.jsonl", "a", encoding="utf-8") as stream:
+            stream.write(json.dumps({**record, "id": name}) + "\n")
+        with open(data / "manifest.jsonl", "a", encoding="utf-8") as stream:
+            stream.write(json.dumps({**entry, "id": name}) + "\n")
+    whole = (data / "teacher" / "utt000002.npz").read_bytes()
+    (data / "teacher" / "utt000002.npz").write_bytes(whole[: len(whole) // 3])  # truncated
+    reading = fit_module.Example.encoder_output.fget
+
+    def fails_for_utt3(example):
+        if example.path.endswith("utt000003.npz"):
+            raise OSError("CRC check failed")
+        return reading(example)
+
+    monkeypatch.setattr(fit_module.Example, "encoder_output", property(fails_for_utt3))
+    config = FitConfig(steps=4, batch_size=2, blocks_per_utterance=4, warmup_steps=1, validate_every=100, save_every=1,
+                       validation_windows=1)
+    out = str(tmp_path / "run")
+    meta = fit(str(data), out, config, shortlist_size=4096, progress=False)
+    assert meta["step"] == 4 and meta["skipped_files"] == ["utt000002.npz", "utt000003.npz"]
+    report = open(write_report(str(data), out, str(tmp_path / "report")), encoding="utf-8").read()
+    assert "teacher files skipped as damaged: 2 (utt000002.npz, utt000003.npz)" in report

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -46,6 +47,8 @@ from ..flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, targ
 from ..flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
 
 IGNORE = -100
+# What reading a damaged teacher file raises (numpy's npz is a zip archive).
+DAMAGED = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def load_examples(data_dir: str, split: str, limit: Optional[int] = None,
                                   audio_frames=int(data["audio_frames"]))
                 if "attended_frames" in data.files:
                     fields["attended_frames"] = data["attended_frames"]
-        except (OSError, ValueError, KeyError, EOFError) as error:  # a damaged file costs one utterance
+        except DAMAGED as error:  # a damaged file costs one utterance
             logging.getLogger(__name__).warning("skipped teacher file %s: %s", path, error)
             continue
         examples.append(Example(path=path, **fields))
@@ -189,6 +192,14 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
                                     prompt=np.asarray(prompt_for(utterance.name, special), dtype=np.int64),
                                     audio_frames=audio_frames(batch)[0]))
     return windows
+
+
+def _readable(example: Example) -> bool:
+    try:
+        example.encoder_output
+    except DAMAGED:
+        return False
+    return True
 
 
 def drafter_frames(example: Example, total: int) -> int:
@@ -507,6 +518,9 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
             data["train_ids"] = data["train_ids"] + [i for i in current if i not in known]
     train = load_examples(data_dir, "train", ids=data["train_ids"])
     valid = load_examples(data_dir, "validation", config.validation_windows, ids=data["validation_ids"])
+    loaded = {os.path.basename(e.path) for e in train + valid}
+    unreadable = [f"{i}.npz" for i in data["train_ids"] + data["validation_ids"][: config.validation_windows]
+                  if f"{i}.npz" not in loaded]
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
@@ -545,6 +559,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         if meta.get("best_by", "validation") != chosen_by:  # scores of another set do not compare
             meta.update(best=-1.0, best_by=chosen_by)
     meta["real_speech"] = [window.name for window in real]
+    meta["skipped_files"] = sorted(set(meta.get("skipped_files", [])) | set(unreadable))
     # After the resume: the shortlist is the saved one. The data may have grown since, and a
     # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
     # instead of ~3 was the sign).
@@ -556,8 +571,19 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         step = meta["step"]
         model.train()
         rng = np.random.default_rng([config.seed, step])
-        batch = make_batch([train[i] for i in sample_batch(by_length, config.batch_size, rng)],
-                           drafter_config.num_draft_tokens, config.blocks_per_utterance, rng, config.audio_window)
+        chosen = [train[i] for i in sample_batch(by_length, config.batch_size, rng)]
+        try:
+            batch = make_batch(chosen, drafter_config.num_draft_tokens, config.blocks_per_utterance, rng,
+                               config.audio_window)
+        except DAMAGED as error:  # an encoder output that no longer reads: drop it, draw again
+            damaged = next(e for e in chosen if not _readable(e))
+            logging.getLogger(__name__).warning("dropped teacher file %s at step %d: %s", damaged.path, step, error)
+            meta.setdefault("skipped_files", []).append(os.path.basename(damaged.path))
+            train = [e for e in train if e.path != damaged.path]
+            if not train:
+                raise RuntimeError(f"every training file in {data_dir} is damaged")
+            by_length = sorted(range(len(train)), key=lambda i: (train[i].audio_frames or 0, i))
+            continue
         loss = train_step(model, optimizer, batch, full_to_short, config, step)
         meta["step"] = step + 1
         meta["losses"].append(round(loss, 4))

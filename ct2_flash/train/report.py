@@ -62,6 +62,8 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
         *([("- same step, real speech (first windows of " + str(best["real"]["windows"]) + " recordings): "
             + ", ".join(f"{k} {v:.3f}" for k, v in best["real"].items() if k != "windows"))] if "real" in best else []),
         *_started_from(meta.get("init_from")),
+        *([f"- teacher files skipped as damaged: {len(meta['skipped_files'])} ({', '.join(meta['skipped_files'][:5])}"
+           f"{', ...' if len(meta['skipped_files']) > 5 else ''})"] if meta.get("skipped_files") else []),
         "",
         "![validation curves](validation_curves.png)",
     ]
