@@ -22,6 +22,9 @@ $PY -m ct2_flash.cli bench --speech-set mfa --limit 40 --compute-types int8 --te
   --repeats 1 --out $OUT/sampling_default
 $PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 --temperatures 0 0.2 0.6 1.0 \
   --repeats 1 --draft-every-round --out $OUT/sampling_every_round
+# The same with drafts proposed outright instead of drawn from the drafter's distribution.
+$PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 --temperatures 0.2 0.6 1.0 \
+  --repeats 1 --draft-every-round --outright-drafts --out $OUT/sampling_every_round_outright
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.

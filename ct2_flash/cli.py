@@ -106,7 +106,7 @@ def _bench(args: argparse.Namespace) -> int:
                          without_timestamps=args.no_timestamps, stock_python=stock_python,
                          batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
                          guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
-                         adaptive=not args.draft_every_round)
+                         adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts)
     try:
         document = run(config, utterances)
     except ValueError as error:  # unreadable or empty audio
@@ -270,6 +270,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0],
                        help="one setting per sampling temperature (0: greedy), no fallback between them")
     bench.add_argument("--best-of", type=int, default=1, help="hypotheses per window at temperatures above 0")
+    bench.add_argument("--outright-drafts", action="store_true",
+                       help="under sampling, propose the drafter's most likely tokens outright instead of drawing "
+                            "drafts from its distribution")
     bench.add_argument("--draft-every-round", action="store_true",
                        help="no policy: every call drafts every round (measures the loop, not the default model)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")

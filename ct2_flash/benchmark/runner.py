@@ -56,6 +56,8 @@ class BenchConfig:
         adaptive: ``FlashWhisperModel(adaptive=...)``: False drafts every round of every call
             (what the loop and the drafter can do), True is the default model (the policy
             sends calls where drafting does not pay to ``generate()``).
+        draw_drafts: under sampling, draw drafts from the drafter's distribution (the default);
+            False proposes its most likely tokens outright (see ``SpeculativeDecoder``).
     """
 
     model: str = "tiny.en"
@@ -72,6 +74,7 @@ class BenchConfig:
     temperatures: Tuple[float, ...] = (0.0,)
     best_of: int = 1
     adaptive: bool = True
+    draw_drafts: bool = True
 
     def __post_init__(self) -> None:
         if not self.temperatures or not all(np.isfinite(t) and t >= 0 for t in self.temperatures):
@@ -113,6 +116,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
                               guard_margin=config.guard_margin,
                               num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter,
                               adaptive=config.adaptive)
+    flash.model.decoder.draw_drafts = config.draw_drafts
     if drafter == "oracle":
         from ..testing import OracleDrafter
 
