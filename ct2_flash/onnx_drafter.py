@@ -181,10 +181,17 @@ class OnnxDrafter(Drafter):
         self._buffers = [np.zeros((rows, config.num_heads, head_dim), dtype=np.float32) for _ in self._history_names]
         self._binding = self._propose.io_binding()
         # The proposal distribution, for sampled decoding, where the graph has it.
-        outputs = {output.name for output in self._propose.get_outputs()}
+        outputs = {output.name: output.shape for output in self._propose.get_outputs()}
         self._vocabulary = None
         if manifest.vocabulary is not None and "logits" in outputs:
-            self._vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
+            vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
+            width = outputs["logits"][-1]
+            if vocabulary.ndim != 1 or (isinstance(width, int) and width != len(vocabulary)) or \
+                    len(vocabulary) and not 0 <= vocabulary.min() <= vocabulary.max() < self.vocab_size:
+                raise CheckpointError(f"{os.path.join(directory, EXPORT_FILE)}: its vocabulary does not match the "
+                                      f"proposal graph's {width} logits of a {self.vocab_size}-token model; rewrite "
+                                      f"it with ct2-flash convert-drafter CHECKPOINT {directory} --force")
+            self._vocabulary = vocabulary
         self._audio_kv: List[np.ndarray] = []  # per layer keys, values [heads, frames, head_dim]
         self._audio_span = (0, 0)  # the frames the binding reads
         self._bound_audio: List[np.ndarray] = []

@@ -136,6 +136,13 @@ def test_bad_files_fail_at_load_with_the_file_and_the_fix(converted, model_path,
     with pytest.raises(CheckpointError, match=r"(?s)cannot load drafter graph.*upgrade onnxruntime"):
         OnnxDrafter(future, model_path)
 
+    shortened = _copy(out, tmp_path, "shortened")  # a vocabulary that does not fit the logits
+    record = json.load(open(os.path.join(shortened, EXPORT_FILE)))
+    record["vocabulary"] = record["vocabulary"][:-1]
+    json.dump(record, open(os.path.join(shortened, EXPORT_FILE), "w"))
+    with pytest.raises(CheckpointError, match=r"(?s)vocabulary does not match.*convert-drafter"):
+        OnnxDrafter(shortened, model_path)
+
     foreign = _copy(out, tmp_path, "foreign")
     config = json.load(open(os.path.join(foreign, "drafter.json")))
     config["target"]["vocab_size"] = 51865
