@@ -194,6 +194,11 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     return windows
 
 
+def _by_length(examples: Sequence[Example]) -> List[int]:
+    """Indices of ``examples`` sorted by audio frames (``sample_batch`` draws neighbours)."""
+    return sorted(range(len(examples)), key=lambda i: (examples[i].audio_frames or 0, i))
+
+
 def _readable(example: Example) -> bool:
     try:
         example.encoder_output
@@ -544,7 +549,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         model.shortlist.copy_(torch.from_numpy(shortlist))
     model.train()
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    by_length = sorted(range(len(train)), key=lambda i: (train[i].audio_frames or 0, i))
+    by_length = _by_length(train)
 
     os.makedirs(out_dir, exist_ok=True)
     meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
@@ -578,11 +583,11 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         except DAMAGED as error:  # an encoder output that no longer reads: drop it, draw again
             damaged = next(e for e in chosen if not _readable(e))
             logging.getLogger(__name__).warning("dropped teacher file %s at step %d: %s", damaged.path, step, error)
-            meta.setdefault("skipped_files", []).append(os.path.basename(damaged.path))
+            meta["skipped_files"].append(os.path.basename(damaged.path))
             train = [e for e in train if e.path != damaged.path]
             if not train:
                 raise RuntimeError(f"every training file in {data_dir} is damaged")
-            by_length = sorted(range(len(train)), key=lambda i: (train[i].audio_frames or 0, i))
+            by_length = _by_length(train)
             continue
         loss = train_step(model, optimizer, batch, full_to_short, config, step)
         meta["step"] = step + 1
