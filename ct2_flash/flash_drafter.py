@@ -146,7 +146,7 @@ class FlashDrafter(Drafter):
             token rarely pays for its share of the verification: on held-out speech at int8,
             0.1 cut proposals from 8 to 2.9 per round and verification from 12.3 to 9.7 ms
             while tokens per target call fell only from 1.98 to 1.93
-            (``bench/results/drafter_tricks_int8.json``).
+            (``bench/results/earlier/drafter_tricks_int8.json``).
         use_shortlist: score only the checkpoint's draft-head shortlist (False scores the
             whole vocabulary: slower, and only there to measure what the shortlist costs).
         threads: torch threads during the drafter's calls (restored afterwards). One is

@@ -168,6 +168,65 @@ def test_bench_refuses_unreadable_audio(tmp_path, capsys):
     assert "cannot read audio" in capsys.readouterr().err
 
 
+def test_drafter_options_parse_from_the_command_line():
+    from ct2_flash.benchmark.drafters import parse_option
+
+    assert parse_option("error_rate=0.1") == ("error_rate", 0.1)
+    assert parse_option("min_confidence=0") == ("min_confidence", 0)
+    assert parse_option("audio_window=none") == ("audio_window", None)
+    assert parse_option("audio_window=50,150") == ("audio_window", (50, 150))
+    assert parse_option(" use_shortlist = false ") == ("use_shortlist", False)
+    assert parse_option("precision=float32") == ("precision", "float32")
+    for bad in ("precision", "=1"):
+        with pytest.raises(ValueError, match="KEY=VALUE"):
+            parse_option(bad)
+
+
+def test_drafter_options_build_the_variant_they_name(model_path):
+    """Each variant of a drafter is one system of the runner: options reach its constructor,
+    and an option it does not take is refused by name, before anything runs."""
+    from ct2_flash.benchmark.drafters import build_drafter
+    from ct2_flash.flash_drafter import FlashDrafter
+    from ct2_flash.onnx_drafter import OnnxDrafter
+    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+
+    assert build_drafter(None, {}, "tiny.en", model_path) is None  # the model resolves it itself
+    exported = build_drafter(None, {"precision": "float32", "min_confidence": 0}, "tiny.en", model_path)
+    assert isinstance(exported, OnnxDrafter) and exported.precision == "float32" and exported.min_confidence == 0
+    eager = build_drafter(os.path.join(SHIPPED_DRAFTERS, "tiny.en"), {"runtime": "pytorch", "precision": "float32"},
+                          "tiny.en", model_path)
+    assert isinstance(eager, FlashDrafter) and eager.precision == "float32"
+    with pytest.raises(ValueError, match="OnnxDrafter takes no option error_rate"):
+        build_drafter(None, {"error_rate": 0.1}, "tiny.en", model_path)
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        build_drafter(None, {"runtime": "tensorflow"}, "tiny.en", model_path)
+    with pytest.raises(ValueError, match="is not one"):
+        build_drafter(DATA, {"precision": "int8"}, "tiny.en", model_path)
+
+
+def test_bench_runs_an_oracle_with_injected_errors(tmp_path, capsys):
+    """``--drafter oracle --drafter-option error_rate=...``: the oracle ceiling at a lower
+    acceptance (what bench/run_all.sh records), still token-identical; a bad option fails
+    with its name."""
+    from ct2_flash.cli import main
+
+    manifest = tmp_path / "one.tsv"
+    write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip04_slt.ogg"), "")])
+    out = tmp_path / "out"
+    code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--drafter-option", "error_rate=0.5",
+                 "--repeats", "1", "--compute-types", "float32", "--out", str(out)])
+    assert code == 0
+    document = json.loads((out / "bench.json").read_text())
+    assert document["config"]["drafter_options"] == [["error_rate", 0.5]]
+    (setting,) = document["settings"]
+    summary = setting["summary"]
+    assert setting["drafter"] == "OracleDrafter" and summary["token_identity"] == {"identical": 1, "of": 1}
+    assert 0.0 < summary["acceptance_rate"] < 0.9
+    assert main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--drafter-option", "precision=int8",
+                 "--repeats", "1", "--out", str(tmp_path / "bad")]) == 2
+    assert "OracleDrafter takes no option precision" in capsys.readouterr().err
+
+
 def test_stock_worker_protocol(model_path, clips):
     """The worker that times stock faster-whisper in its own venv, driven here by this venv's
     interpreter (the protocol and timing are the same; only the runtime differs)."""

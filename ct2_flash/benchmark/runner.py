@@ -17,7 +17,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -39,6 +39,9 @@ class BenchConfig:
             ``PromptLookupDrafter``; "oracle" for the test oracle (it replays the target's own
             greedy output and drafts every round, so it shows the loop's ceiling, not a real
             drafter).
+        drafter_options: (name, value) pairs for the drafter's constructor (``drafters``): the
+            oracle's ``error_rate``, a converted drafter's ``precision``, ``min_confidence`` or
+            ``audio_window``, ``runtime="pytorch"`` for the PyTorch round, ...
         compute_types, threads: every combination is one setting.
         num_draft_tokens: K.
         repeats: timed passes over all utterances.
@@ -62,6 +65,7 @@ class BenchConfig:
 
     model: str = "tiny.en"
     drafter: Optional[str] = None
+    drafter_options: Tuple[Tuple[str, Any], ...] = ()
     compute_types: Tuple[str, ...] = ("int8",)
     threads: Tuple[int, ...] = (2,)
     num_draft_tokens: int = 8
@@ -87,6 +91,9 @@ class BenchConfig:
             raise ValueError("repeats and num_draft_tokens must be >= 1")
         if not self.compute_types or not self.threads or min(self.threads) < 1:
             raise ValueError("need at least one compute type and thread counts >= 1")
+        names = [name for name, _ in self.drafter_options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a drafter option is given twice: {names}")
 
 
 def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
@@ -106,24 +113,16 @@ def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
 
 
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
-    from ..drafting import PromptLookupDrafter
     from ..whisper_model import FlashWhisperModel
+    from .drafters import ORACLE, attach_oracle, build_drafter
 
-    drafter = config.drafter
-    if drafter == "builtin":
-        drafter = PromptLookupDrafter()
+    options = dict(config.drafter_options)
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
-                              guard_margin=config.guard_margin,
-                              num_draft_tokens=config.num_draft_tokens, drafter=None if drafter == "oracle" else drafter,
-                              adaptive=config.adaptive)
+                              guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
+                              drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive)
     flash.model.decoder.draw_drafts = config.draw_drafts
-    if drafter == "oracle":
-        from ..testing import OracleDrafter
-
-        flash.model.decoder.drafter = OracleDrafter(flash.reference_model)
-        # The oracle shows the loop's ceiling: it drafts every round of every call, rather than
-        # letting the policy send calls to generate() while it measures.
-        flash.model.decoder.adaptive = False
+    if config.drafter == ORACLE:
+        attach_oracle(flash, options)
     return flash
 
 

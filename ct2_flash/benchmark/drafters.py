@@ -1,0 +1,101 @@
+"""The drafter a benchmark system runs: a name or a directory, plus its constructor's options.
+
+Every drafter variant the project measures is one run of the one runner (``ct2-flash bench
+--drafter SPEC --drafter-option KEY=VALUE ...``), so ``bench/run_all.sh`` regenerates every
+committed result with it: the oracle ceiling (``oracle``, ``error_rate=0.1`` for one that is
+right ~60% of the time), the exported round's precisions and cuts (``precision=float32``,
+``min_confidence=0``, ``audio_window=none``), the PyTorch round's tricks (``runtime=pytorch``,
+``precision=bfloat16``, ``use_shortlist=false``) and checkpoints compared at default settings.
+
+Specs:
+    None: the model's shipped drafter (or ``PromptLookupDrafter`` when it has none);
+    "builtin": ``PromptLookupDrafter``;
+    "oracle": ``testing.OracleDrafter`` on the model's reference (its own greedy output);
+    a directory: a converted drafter (``OnnxDrafter``) or a training checkpoint (``FlashDrafter``,
+        also chosen for a converted one with the option ``runtime=pytorch``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+ORACLE = "oracle"
+BUILTIN = "builtin"
+RUNTIMES = ("onnx", "pytorch")
+
+
+def parse_option(text: str) -> Tuple[str, Any]:
+    """``KEY=VALUE`` from the command line -> (key, value): ``none`` is None, ``true``/``false``
+    are booleans, numbers are numbers, ``a,b`` is a tuple of values, anything else a string."""
+    key, separator, value = text.partition("=")
+    if not separator or not key.strip():
+        raise ValueError(f"a drafter option is KEY=VALUE, got {text!r}")
+    return key.strip(), _value(value.strip())
+
+
+def _value(text: str) -> Any:
+    if "," in text:
+        return tuple(_value(part.strip()) for part in text.split(","))
+    lowered = text.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _checked(kind, options: Dict[str, Any], skip: Sequence[str] = ()) -> Dict[str, Any]:
+    """``options`` if ``kind``'s constructor takes every one of them (a clear error otherwise)."""
+    accepted = [name for name in inspect.signature(kind.__init__).parameters if name not in ("self", *skip)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"{kind.__name__} takes no option {', '.join(unknown)} (it takes {', '.join(accepted)})")
+    return dict(options)
+
+
+def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str, model_path: str):
+    """The drafter for ``FlashWhisperModel(drafter=...)``: ``spec`` itself when there are no
+    options (the model resolves it as users' code does), otherwise the Drafter built with them.
+    The oracle is built later, on the model's reference (``attach_oracle``)."""
+    from ..drafting import PromptLookupDrafter
+
+    options = dict(options)
+    if spec == ORACLE:
+        return None
+    if spec == BUILTIN:
+        return PromptLookupDrafter(**_checked(PromptLookupDrafter, options))
+    if not options:
+        return spec
+    from ..models import embedded_name
+    from ..onnx_drafter import OnnxDrafter, has_graphs
+    from ..whisper_model import SHIPPED_DRAFTERS
+
+    directory = spec or os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or model_name)
+    if not os.path.isfile(os.path.join(directory, "drafter.json")):
+        raise ValueError(f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {directory!r} is not one")
+    runtime = options.pop("runtime", "onnx" if has_graphs(directory) else "pytorch")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    if runtime == "onnx":
+        return OnnxDrafter(directory, model_path, **_checked(OnnxDrafter, options, skip=("directory", "model_path")))
+    from ..flash_drafter import FlashDrafter, load_checkpoint
+
+    return FlashDrafter(load_checkpoint(directory, model_path), **_checked(FlashDrafter, options, skip=("model",)))
+
+
+def attach_oracle(flash, options: Dict[str, Any]) -> None:
+    """Give ``flash`` an ``OracleDrafter`` on its reference model, drafting every round of
+    every call (it shows the loop's ceiling, so the policy must not send calls to
+    ``generate()`` while it measures)."""
+    from ..testing import OracleDrafter
+
+    flash.model.decoder.drafter = OracleDrafter(flash.reference_model,
+                                                **_checked(OracleDrafter, options, skip=("reference_model",)))
+    flash.model.decoder.adaptive = False
