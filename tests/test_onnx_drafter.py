@@ -1,5 +1,6 @@
 """The exported draft round: converter round trip, ONNX Runtime against PyTorch, bad files."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -166,7 +167,9 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
 
     out, _ = converted
     rng = np.random.default_rng(0)
-    window = DraftWindow(rng.normal(size=(200, 384)).astype(np.float32), (50257, 50362), DecodingOptions(), 50256)
+    # A sampled window: its proposals carry the drafter's logits (a greedy one's do not).
+    window = DraftWindow(rng.normal(size=(200, 384)).astype(np.float32), (50257, 50362),
+                         DecodingOptions(sampling_topk=0), 50256)
     exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
     reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
     states = rng.normal(size=(12, 384)).astype(np.float32)
@@ -183,6 +186,11 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     np.testing.assert_array_equal(a.vocabulary, b.vocabulary)
     np.testing.assert_allclose(a.logits, b.logits, atol=1e-3)
     assert tuple(a.vocabulary[a.logits.argmax(axis=1)]) == a.tokens
+    exported.begin(dataclasses.replace(window, options=DecodingOptions()))
+    exported.advance(states[:6], 7)
+    exported.advance(states[6:8], 5)
+    greedy = exported.propose([1, 2, 3], 8)
+    assert greedy.logits is None and greedy.tokens == a.tokens  # the same proposal, nothing copied out
 
 
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):
