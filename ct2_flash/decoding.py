@@ -15,11 +15,12 @@ length_penalty.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -44,6 +45,31 @@ class DecodeResult:
     tokens: List[int]
     score: float
     no_speech_prob: float
+
+
+def _charged(field_name: str) -> Callable:
+    """Decorate a ``SpeculativeDecoder`` method so that its wall time adds to ``stats.<field_name>``:
+    the one place the loop's time split is measured."""
+    def decorate(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def charged(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                setattr(self.stats, field_name, getattr(self.stats, field_name) + time.perf_counter() - started)
+        return charged
+    return decorate
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """What a round verifies: drafts [n], the drafter's log-probability of each (or fewer, when
+    it gives none), and under sampling the distributions they were drawn from [n, vocab]."""
+
+    tokens: Sequence[int] = ()
+    confidences: Sequence[float] = ()
+    probs: Optional[np.ndarray] = None
 
 
 class SpeculativeDecoder:
@@ -173,9 +199,7 @@ class SpeculativeDecoder:
 
         # The engine returns its alignment attention with each pass only for drafters that use it.
         self.runtime.track_positions(self.drafter.wants_position)
-        with _timed(stats, "verify_seconds"):
-            prefill = self.runtime.start(encoder_output, prompt)
-        stats.target_calls += 1
+        prefill = self._prefill(encoder_output, prompt)
         no_speech_prob = self.runtime.no_speech_prob(prefill.sot_logits)
         if state.steps_left <= 0:
             # The budget ends inside the prefix (or is negative, which CTranslate2 treats as
@@ -184,8 +208,7 @@ class SpeculativeDecoder:
         else:
             state.emit([], prefill.next_logits[None].copy(), stats)  # the first token: the first anchor
             if not state.finished:
-                with _timed(stats, "drafter_seconds"):
-                    self._begin_drafter(encoder_output, prompt, options, prefill, audio_frames)
+                self._begin_drafter(encoder_output, prompt, options, prefill, audio_frames)
             while not state.finished:
                 self._round(state, prefill.sequence)
             stats.generate_calls += 1
@@ -196,6 +219,7 @@ class SpeculativeDecoder:
         score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
         return DecodeResult(tokens=tokens, score=score, no_speech_prob=no_speech_prob)
 
+    @_charged("drafter_seconds")
     def _begin_drafter(self, encoder_output, prompt: List[int], options: DecodingOptions, prefill,
                        audio_frames: Optional[int]) -> None:
         window = DraftWindow(encoder_output=_window_array(encoder_output), prompt=tuple(prompt), options=options,
@@ -206,92 +230,113 @@ class SpeculativeDecoder:
             self.drafter.advance(self.runtime.decoder_states(prefill.next_logits[None]), prefill.sequence.length)
 
     def _round(self, state: "_Decoding", sequence) -> None:
-        """One propose -> verify -> accept -> roll back -> emit round."""
-        stats = self.stats
-        cache_length = sequence.length
-        round_started = time.perf_counter()
-        spent_before = (stats.drafter_seconds, stats.verify_seconds)
-        if not state.drafting and len(state.generated) >= state.resume_at:
-            self._resume_drafting(state, cache_length)
-        # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
-        num_tokens = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
-        if state.single_pass_next:  # an unsure row is decided by a single-token pass
-            num_tokens, state.single_pass_next = 0, False
-        drafts: Sequence[int] = ()
-        confidences: Sequence[float] = ()
-        draft_probs: Optional[np.ndarray] = None
-        if num_tokens > 0:
-            with _timed(stats, "drafter_seconds"):
-                proposal = self.drafter.propose(state.generated, num_tokens)
-            drafts, confidences = proposal.tokens[:num_tokens], proposal.log_probs[:num_tokens]
-            draft_probs = proposal.probs
-            if self.adaptive and len(confidences) == len(drafts):
-                # Verify as many as pay for their rows (the proposal itself is paid already).
-                count = self.lengths.choose(confidences)
-                drafts, confidences = drafts[:count], confidences[:count]
-            if state.options.sampling and self.draw_drafts and proposal.logits is not None and drafts:
-                drafts, draft_probs = state.draw_drafts(proposal, len(drafts))
-                confidences = confidences[: len(drafts)]
-                stats.drawn_rounds += 1
-            stats.draft_rounds += 1
+        """One round: propose -> verify -> accept -> roll back -> advance.
 
-        with _timed(stats, "verify_seconds"):
-            logits = sequence.verify([state.generated[-1], *drafts])  # [1 + n, vocab]
-        verify_seconds = stats.verify_seconds - spent_before[1]
-        if not drafts:
-            self._observe_step(verify_seconds)
-        stats.target_calls += 1
-        emitted_before = len(state.generated)
+        Timing and counters live in the charged helpers (``_charged``), not in the round.
+        """
+        started, spent = time.perf_counter(), (self.stats.drafter_seconds, self.stats.verify_seconds)
+        cache_length, emitted_before = sequence.length, len(state.generated)
+        if not state.drafting and emitted_before >= state.resume_at:
+            self._resume_drafting(state, cache_length)
+        draft = self._propose(state)
+        logits = self._verify(sequence, [state.generated[-1], *draft.tokens])  # [1 + n, vocab]
         # The drafter's states come from the raw rows; the logit rules then edit them in place.
         columns = self.runtime.state_columns(logits) if self.drafter.needs_states else None
-        outcome = state.emit(drafts, logits, stats, self._guard_rows, draft_probs)
-        stats.record_round(len(drafts), outcome.accepted)
-        if len(confidences) == len(drafts):
-            rejected = outcome.accepted < len(drafts) and not outcome.unsure
-            self.lengths.observe(confidences, outcome.accepted, rejected, verify_seconds)
-            stats.record_confidences(confidences, outcome.accepted, rejected)
-
+        outcome = state.emit(draft.tokens, logits, self.stats, self._guard_rows, draft.probs)
         # The cache keeps the anchor and the accepted drafts; after an unsure row the last
         # accepted draft (or, with none, the anchor itself) is the next anchor, so it leaves
         # the cache and the next pass computes that row alone.
         kept = cache_length + outcome.accepted + (0 if outcome.unsure else 1)
-        if outcome.unsure:
-            state.single_pass_next = True
-            stats.rows_rechecked += 1
         sequence.rollback(kept)
-        if state.finished:
-            return
+        state.single_pass_next = outcome.unsure
+        self._record(draft, outcome, self.stats.verify_seconds - spent[1])
+        if not state.finished:
+            self._advance(state, sequence, columns, kept - cache_length, min(outcome.accepted, len(draft.tokens)))
+            self._judge(state, len(state.generated) - emitted_before, started, spent)
+
+    @_charged("verify_seconds")
+    def _prefill(self, encoder_output, prompt: List[int]):
+        self.stats.target_calls += 1
+        return self.runtime.start(encoder_output, prompt)
+
+    @_charged("verify_seconds")
+    def _verify(self, sequence, tokens: List[int]) -> np.ndarray:
+        self.stats.target_calls += 1
+        return sequence.verify(tokens)
+
+    @_charged("drafter_seconds")
+    def _propose(self, state: "_Decoding") -> "_Draft":
+        """The round's drafts: none while drafting is paused or an unsure row waits for its
+        single-token pass; otherwise up to K (fewer when the budget ends or, adaptive, when
+        more would not pay), drawn from the drafter's distribution under sampling."""
+        # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
+        count = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
+        if count <= 0 or state.single_pass_next:
+            return _Draft()
+        proposal = self.drafter.propose(state.generated, count)
+        drafts, confidences = proposal.tokens[:count], proposal.log_probs[:count]
+        probs = proposal.probs
+        if self.adaptive and len(confidences) == len(drafts):
+            # Verify as many as pay for their rows (the proposal itself is paid already).
+            count = self.lengths.choose(confidences)
+            drafts, confidences = drafts[:count], confidences[:count]
+        if state.options.sampling and self.draw_drafts and proposal.logits is not None and drafts:
+            drafts, probs = state.draw_drafts(proposal, len(drafts))
+            confidences = confidences[: len(drafts)]
+            self.stats.drawn_rounds += 1
+        self.stats.draft_rounds += 1
+        return _Draft(tokens=drafts, confidences=confidences, probs=probs)
+
+    def _record(self, draft: "_Draft", outcome: Acceptance, verify_seconds: float) -> None:
+        """Counters of one verified round, and what the draft-length policy learns from it."""
+        stats = self.stats
+        if not draft.tokens:
+            self._observe_step(verify_seconds)
+        stats.record_round(len(draft.tokens), outcome.accepted)
+        stats.rows_rechecked += int(outcome.unsure)
+        if len(draft.confidences) == len(draft.tokens):
+            rejected = outcome.accepted < len(draft.tokens) and not outcome.unsure
+            self.lengths.observe(draft.confidences, outcome.accepted, rejected, verify_seconds)
+            stats.record_confidences(draft.confidences, outcome.accepted, rejected)
+
+    @_charged("drafter_seconds")
+    def _advance(self, state: "_Decoding", sequence, columns: Optional[np.ndarray], kept_rows: int,
+                 next_anchor_row: int) -> None:
+        """Hand the drafter what the round kept: where the target reads now (the attention
+        peak of the row that predicted the next anchor) and the kept rows' states."""
         if sequence.attention_peaks is not None:
-            # Where the target read when it predicted the next anchor (its row in this pass).
-            with _timed(stats, "drafter_seconds"):
-                self.drafter.observe_position(int(sequence.attention_peaks[min(outcome.accepted, len(drafts))]))
+            self.drafter.observe_position(int(sequence.attention_peaks[next_anchor_row]))
         if state.drafting:
-            if kept > cache_length:
-                with _timed(stats, "drafter_seconds"):
-                    states = self.runtime.states_from_columns(columns[: kept - cache_length]) if columns is not None else None
-                    self.drafter.advance(states, kept)
-            state.governor.record(len(state.generated) - emitted_before, time.perf_counter() - round_started,
-                                  stats.drafter_seconds - spent_before[0], stats.verify_seconds - spent_before[1])
-            if self.adaptive and not state.governor.pays(self.step_seconds):
-                # Plain steps for a while; the drafter's history is kept complete so that a
-                # later stretch of the window, where drafting may pay, can be probed again.
-                state.drafting = False
-                state.resume_at = len(state.generated) + RESUME_AFTER_TOKENS
-                stats.windows_drafting_stopped += 1
+            if kept_rows > 0:
+                states = self.runtime.states_from_columns(columns[:kept_rows]) if columns is not None else None
+                self.drafter.advance(states, sequence.length)
         elif self.drafter.needs_states and state.resume_at < math.inf:
-            with _timed(stats, "drafter_seconds"):
-                state.pending_states.append(self.runtime.states_from_columns(columns[:1]))
+            state.pending_states.append(self.runtime.states_from_columns(columns[:1]))
+
+    def _judge(self, state: "_Decoding", emitted: int, started: float, spent: Tuple[float, float]) -> None:
+        """Record a drafting round with the window's governor; stop drafting for a stretch
+        when it measures slower than plain steps (adaptive only)."""
+        if not state.drafting:
+            return
+        state.governor.record(emitted, time.perf_counter() - started, self.stats.drafter_seconds - spent[0],
+                              self.stats.verify_seconds - spent[1])
+        if self.adaptive and not state.governor.pays(self.step_seconds):
+            # Plain steps for a while; the drafter's history is kept complete so that a
+            # later stretch of the window, where drafting may pay, can be probed again.
+            state.drafting = False
+            state.resume_at = len(state.generated) + RESUME_AFTER_TOKENS
+            self.stats.windows_drafting_stopped += 1
 
     def _observe_step(self, seconds: float) -> None:
         """Fold a single-token pass into ``step_seconds`` (an average over recent ones, across
         windows: one pass alone is noisy)."""
         self.step_seconds = seconds if self.step_seconds is None else 0.9 * self.step_seconds + 0.1 * seconds
 
+    @_charged("drafter_seconds")
     def _resume_drafting(self, state: "_Decoding", cache_length: int) -> None:
         """Hand the drafter the states of the plain steps and judge drafting afresh."""
-        with _timed(self.stats, "drafter_seconds"):
-            states = np.concatenate(state.pending_states) if state.pending_states else None
-            self.drafter.advance(states, cache_length)
+        states = np.concatenate(state.pending_states) if state.pending_states else None
+        self.drafter.advance(states, cache_length)
         state.pending_states = []
         state.governor = DraftGovernor()
         state.drafting = True
@@ -457,15 +502,6 @@ class _Decoding:
         self.sampled = True
         stats.emitted += len(emitted)
         return outcome
-
-
-@contextmanager
-def _timed(stats: SpecStats, field_name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        setattr(stats, field_name, getattr(stats, field_name) + time.perf_counter() - started)
 
 
 def _normalise(log_prob_sum: float, length: int, length_penalty: float) -> float:
