@@ -122,7 +122,7 @@ def main() -> None:
         audio = load_audio(utterances)
     flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
                               decoder_threads=None, adaptive=False, guard_margin=0.0)
-    decoder = flash.model.decoder
+    decoder = flash.decoder
     makers = {"plain steps": NoDrafts, **_drafters(model_path, args.drafter)}
     results = {}
     for name, make in makers.items():

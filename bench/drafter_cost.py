@@ -49,7 +49,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     flash = FlashWhisperModel("tiny.en", compute_type=args.compute_type, cpu_threads=args.threads)
-    runtime = flash.model.decoder.runtime
+    runtime = flash.decoder.runtime
     drafter = FlashDrafter(load_checkpoint(args.drafter, runtime.model_path))
     audio = decode_audio(os.path.join(ROOT, "tests", "data", "clip12_awb.ogg"))
     encoder_output = flash.encode_window(audio)

@@ -46,9 +46,9 @@ def main() -> None:
     baseline = WhisperModel(path, compute_type="float32", cpu_threads=args.threads)
     flash = FlashWhisperModel(args.model, compute_type="float32", cpu_threads=args.threads)
     multilingual = flash.model.is_multilingual
-    drafters = {"shipped": flash.model.decoder.drafter,
+    drafters = {"shipped": flash.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
-                "random": RandomDrafter(flash.model.decoder.runtime.special.vocab_size, seed=2)}
+                "random": RandomDrafter(flash.decoder.runtime.special.vocab_size, seed=2)}
     done = {}
     if os.path.exists(args.log):
         with open(args.log, encoding="utf-8") as stream:

@@ -139,7 +139,7 @@ def main() -> None:
     audio = load_audio(utterances)
     flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
                               decoder_threads=None, adaptive=False, guard_margin=0.0)
-    decoder = flash.model.decoder
+    decoder = flash.decoder
     special = decoder.runtime.special
     compute_type = decoder.runtime.model.compute_type  # resolved: int8 is int8_float32 on CPU
     prompts = ([special.sot], [special.sot, special.no_timestamps])

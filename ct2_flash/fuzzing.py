@@ -118,13 +118,11 @@ def same_segments(ours: List[Tuple], theirs: List[Tuple], tolerance: float = 1e-
 def run_case(case: Dict[str, Any], flash, baseline, audio: Dict[str, np.ndarray], drafters: Dict[str, Any]) -> Dict[str, Any]:
     """Transcribe one case with both models; returns the case with ``identical`` and how the
     calls went (speculative rows, calls left to CTranslate2)."""
-    from .testing import using_drafter
-
     samples = audio[case["clip"]]
     segments, _ = baseline.transcribe(samples, **case["options"])
     expected = comparable(list(segments))
     flash.reset_spec_stats()
-    with using_drafter(flash.model.decoder, drafters[case["drafter"]]):
+    with flash.use_drafter(drafters[case["drafter"]]):
         segments, _ = flash.transcribe(samples, **case["options"])
         got = comparable(list(segments))
     stats = flash.spec_stats

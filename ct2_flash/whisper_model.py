@@ -367,6 +367,11 @@ class FlashWhisperModel(WhisperModel):
         return self.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
 
     @property
+    def decoder(self) -> SpeculativeDecoder:
+        """The speculative loop: its target runtime (``decoder.runtime``), drafter and settings."""
+        return self.model.decoder
+
+    @property
     def drafter(self) -> Drafter:
         return self.model.decoder.drafter
 

@@ -10,7 +10,7 @@ from faster_whisper import WhisperModel
 
 from ct2_flash import FlashWhisperModel, available_models, resolve_model
 from ct2_flash.fuzzing import NOT_SPECULATIVE, random_case, run_case
-from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
+from ct2_flash.testing import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 
@@ -44,14 +44,14 @@ def transcript(model, audio, **options):
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items())[:40])
 def test_base_gives_faster_whispers_segments(base, clips, options):
     baseline, flash = base
-    drafters = {"default": flash.model.decoder.drafter,
+    drafters = {"default": flash.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1)}
     assert type(drafters["default"]).__name__ == "PromptLookupDrafter"
     for name in CLIPS:
         expected = transcript(baseline, clips[name], **options)
         for kind, drafter in drafters.items():
             flash.reset_spec_stats()
-            with using_drafter(flash.model.decoder, drafter):
+            with flash.use_drafter(drafter):
                 got = transcript(flash, clips[name], **options)
             assert got[0] == expected[0] and got[1] == expected[1], (name, kind)
             assert got[2] == pytest.approx(expected[2], abs=1e-5)
@@ -62,7 +62,7 @@ def test_base_fuzz(base, clips):
     """Random options, multilingual ones included, and drafters: the same segments."""
     baseline, flash = base
     audio = {name: clips[name] for name in CLIPS[:1]}
-    drafters = {"shipped": flash.model.decoder.drafter,
+    drafters = {"shipped": flash.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
                 "random": RandomDrafter(51865, seed=2)}
     rng = np.random.default_rng(7)

@@ -69,7 +69,7 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
     if pair.compute_type == "int8":
         pytest.skip("int8 is checked per window by test_int8_differences_are_ambiguous")
     flash = pair.flash
-    decoder = flash.model.decoder
+    decoder = flash.decoder
     saved = (decoder.drafter, decoder.num_draft_tokens, decoder.adaptive)
     if kind.startswith("default"):
         assert type(decoder.drafter).__name__ == ("OnnxDrafter" if SHIPPED else "PromptLookupDrafter")
@@ -113,7 +113,7 @@ def test_int8_differences_are_ambiguous(model_path, clips, kind):
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
     _PAIRS["int8"] = pair
     flash = pair.flash
-    decoder = flash.model.decoder
+    decoder = flash.decoder
     comparisons = []
     drafter = drafter_for(kind, pair) or decoder.drafter
     previous = flash.hf_tokenizer.encode(" We talked about trains, museums and budgets.", add_special_tokens=False).ids

@@ -19,7 +19,6 @@ from ct2_flash.flash_drafter import (  # noqa: E402
     target_identity,
 )
 from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel, TargetIdentity, block_attention_mask  # noqa: E402
-from ct2_flash.testing import using_drafter  # noqa: E402
 
 from .conftest import segments_of  # noqa: E402
 
@@ -246,7 +245,7 @@ def test_checkpoint_errors(model_path, real_drafter_dir, tmp_path):
 def test_untrained_drafter_is_exact(float32_pair, clips, real_drafter_dir):
     _, model = real_drafter_dir
     flash = float32_pair.flash
-    with using_drafter(flash.model.decoder, FlashDrafter(model, min_confidence=0.0)):
+    with flash.use_drafter(FlashDrafter(model, min_confidence=0.0)):
         flash.reset_spec_stats()
         for name in ("clip05_kal16.ogg", "clip10_awb.ogg"):
             expected = float32_pair.reference(name, clips[name], beam_size=1)

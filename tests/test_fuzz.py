@@ -24,7 +24,7 @@ def flash(model_path):
 
 @pytest.fixture(scope="module")
 def drafters(flash):
-    return {"shipped": flash.model.decoder.drafter,
+    return {"shipped": flash.decoder.drafter,
             "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
             "random": RandomDrafter(51864, seed=2)}
 

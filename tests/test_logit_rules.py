@@ -33,7 +33,7 @@ CASES = [
 @pytest.mark.parametrize("name, options", CASES)
 def test_disabled_tokens_match_ctranslate2(float32_pair, windows, name, options):
     flash = float32_pair.flash
-    decoder = flash.model.decoder
+    decoder = flash.decoder
     prompt = prompts(flash)[name]
     greedy = DecodingOptions(
         suppress_tokens=tuple(options.get("suppress_tokens", (-1,))),
@@ -120,7 +120,7 @@ def test_block_rules_equal_per_row_rules_on_random_rows(seed):
 def test_block_rules_equal_per_row_rules_on_real_rows(float32_pair, windows, name):
     """Blocks of tiny.en's teacher-forced rows along its own greedy output."""
     flash = float32_pair.flash
-    decoder = flash.model.decoder
+    decoder = flash.decoder
     prompt = prompts(flash)[name]
     rules = decoder.rules_for(prompt, DecodingOptions())
     blocks = 0

@@ -92,11 +92,10 @@ def test_onnx_round_gives_the_pytorch_proposals_for_the_shipped_drafter(model_pa
 
 
 def test_float32_graphs_keep_the_transcript_exact(float32_pair, clips, converted, model_path):
-    from ct2_flash.testing import using_drafter
 
     out, _ = converted
     flash = float32_pair.flash
-    with using_drafter(flash.model.decoder, OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)):
+    with flash.use_drafter(OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)):
         flash.reset_spec_stats()
         for name in ("clip03_rms.ogg", "clip08_slt.ogg"):
             assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)

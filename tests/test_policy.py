@@ -69,14 +69,14 @@ def test_switches_when_the_costs_change():
 
 def test_without_adaptive_every_call_speculates(float32_pair, clips):
     flash = float32_pair.flash
-    saved = flash.model.policy, flash.model.decoder.adaptive
-    flash.model.policy, flash.model.decoder.adaptive = ForcedGenerate(), False
+    saved = flash.model.policy, flash.decoder.adaptive
+    flash.model.policy, flash.decoder.adaptive = ForcedGenerate(), False
     try:
         flash.reset_spec_stats()
         segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
         assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
     finally:
-        flash.model.policy, flash.model.decoder.adaptive = saved
+        flash.model.policy, flash.decoder.adaptive = saved
 
 
 def test_batches_are_compared_with_generate_at_their_own_size():
@@ -88,14 +88,14 @@ def test_batches_are_compared_with_generate_at_their_own_size():
 @pytest.mark.parametrize("policy", [ForcedGenerate, ForcedSpeculation])
 def test_either_way_gives_faster_whisper_output(float32_pair, clips, policy):
     """A never-agreeing drafter with calls sent to generate() or to the loop: same segments."""
-    from ct2_flash.testing import RandomDrafter, using_drafter
+    from ct2_flash.testing import RandomDrafter
 
     pair = float32_pair
     flash = pair.flash
     saved = flash.model.policy
     flash.model.policy = policy()
     try:
-        with using_drafter(flash.model.decoder, RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
+        with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
             flash.reset_spec_stats()
             name = "clip06_awb.ogg"
             got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)

@@ -10,7 +10,7 @@ import pytest
 
 from ct2_flash import FlashWhisperModel
 from ct2_flash.drafting import DecodingOptions
-from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
+from ct2_flash.testing import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 from .test_acceptance import chi_square_critical
@@ -48,9 +48,9 @@ def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt
     options = dict(SAMPLED, max_length=len(prompt) + 6)  # 3 steps: min(max_length // 2, max_length - context)
     reference = flash.reference_model.generate(encoder_output, [prompt], num_hypotheses=draws, **options)[0]
     theirs = Counter(tuple(ids[:3]) for ids in reference.sequences_ids)
-    chosen = OracleDrafter(flash.reference_model) if drafter == "oracle" else flash.model.decoder.drafter
+    chosen = OracleDrafter(flash.reference_model) if drafter == "oracle" else flash.decoder.drafter
     flash.reset_spec_stats()
-    with using_drafter(flash.model.decoder, chosen):
+    with flash.use_drafter(chosen):
         ours = Counter(tuple(flash.model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
                        for _ in range(draws))
         stats = flash.spec_stats
@@ -79,9 +79,9 @@ def test_seeded_sampling_repeats(model_path, clips):
         flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, seed=seed)
         encoder_output = flash.encode_window(audio)
         chosen = {"oracle": OracleDrafter(flash.reference_model), "random": RandomDrafter(51864, seed=1),
-                  "outright": flash.model.decoder.drafter, None: flash.model.decoder.drafter}[drafter]
-        flash.model.decoder.draw_drafts = drafter != "outright"
-        with using_drafter(flash.model.decoder, chosen):
+                  "outright": flash.decoder.drafter, None: flash.decoder.drafter}[drafter]
+        flash.decoder.draw_drafts = drafter != "outright"
+        with flash.use_drafter(chosen):
             results = [flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
                                             sampling_temperature=t, num_hypotheses=2, return_scores=True)[0]
                        for t in (0.6, 1.0)]

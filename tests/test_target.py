@@ -29,7 +29,7 @@ def prompts(model):
 
 
 def test_verify_rows_match_single_steps_and_rollback(float32_pair, window):
-    runtime = float32_pair.flash.model.decoder.runtime
+    runtime = float32_pair.flash.decoder.runtime
     tokens = [50363, 317, 1588, 2546, 287, 20262, 318, 1327, 284]
     stepwise = runtime.start(window, [50257])
     step_rows = np.stack([stepwise.sequence.verify([t])[0] for t in tokens])
@@ -48,7 +48,7 @@ def test_verify_rows_match_single_steps_and_rollback(float32_pair, window):
 
 
 def test_decoder_states_match_exact_solve(float32_pair, window):
-    runtime = float32_pair.flash.model.decoder.runtime
+    runtime = float32_pair.flash.decoder.runtime
     prefill = runtime.start(window, [50257])
     logits = prefill.sequence.verify([50363, 317, 1588, 2546, 287])
     states = runtime.decoder_states(logits)

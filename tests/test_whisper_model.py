@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-from ct2_flash.testing import OracleDrafter, using_drafter
+from ct2_flash.testing import OracleDrafter
 
 from .conftest import segments_of
 
@@ -16,7 +16,7 @@ from .conftest import segments_of
 def oracle_flash(float32_pair):
     """The float32 FlashWhisperModel with a perfect oracle drafter, restored afterwards."""
     flash = float32_pair.flash
-    with using_drafter(flash.model.decoder, OracleDrafter(flash.reference_model)):
+    with flash.use_drafter(OracleDrafter(flash.reference_model)):
         flash.reset_spec_stats()
         yield flash
 
@@ -155,7 +155,7 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
             np.testing.assert_allclose(pair[True], pair[False], rtol=0, atol=1e-4)
             assert np.array_equal(pair[True].argmax(-1), pair[False].argmax(-1))
         if compute_type == "float32":  # int8 batch rows are a separate matter (test_exactness)
-            with using_drafter(split.model.decoder, OracleDrafter(split.model._model, error_rate=0.3)):
+            with split.use_drafter(OracleDrafter(split.model._model, error_rate=0.3)):
                 got = segments_of(split, clips["clip09_kal16.ogg"], beam_size=1)
             expected = segments_of(WhisperModel(model_path, compute_type="float32", cpu_threads=THREADS),
                                    clips["clip09_kal16.ogg"], beam_size=1)

@@ -96,6 +96,6 @@ def attach_oracle(flash, options: Dict[str, Any]) -> None:
     ``generate()`` while it measures)."""
     from ..testing import OracleDrafter
 
-    flash.model.decoder.drafter = OracleDrafter(flash.reference_model,
+    flash.decoder.drafter = OracleDrafter(flash.reference_model,
                                                 **_checked(OracleDrafter, options, skip=("reference_model",)))
-    flash.model.decoder.adaptive = False
+    flash.decoder.adaptive = False

@@ -120,7 +120,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
                               guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
                               drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive)
-    flash.model.decoder.draw_drafts = config.draw_drafts
+    flash.decoder.draw_drafts = config.draw_drafts
     if config.drafter == ORACLE:
         attach_oracle(flash, options)
     return flash

@@ -44,7 +44,7 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
     from ..whisper_model import FlashWhisperModel
 
     model = FlashWhisperModel(model_name, compute_type=compute_type, cpu_threads=threads)
-    runtime = model.model.decoder.runtime
+    runtime = model.decoder.runtime
     special = runtime.special
     out_dir = os.path.join(data_dir, "teacher")
     os.makedirs(out_dir, exist_ok=True)

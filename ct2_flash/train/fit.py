@@ -179,7 +179,7 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     from ..whisper_model import audio_frames
     from .extract import prompt_for
 
-    special = target.model.decoder.runtime.special
+    special = target.decoder.runtime.special
     utterances = [utterance for manifest in manifests for utterance in read_manifest(manifest)]
     if limit is not None and len(utterances) > limit:
         utterances = [utterances[i] for i in np.linspace(0, len(utterances) - 1, limit).round().astype(int)]
@@ -529,7 +529,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
     target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
-    special = target.model.decoder.runtime.special
+    special = target.decoder.runtime.special
     real = speech_windows(target, real_speech, config.validation_windows)
     chosen_by = "real" if real else "validation"
     if init_from is not None:
@@ -595,10 +595,10 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}")
         if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
-            scores = validate(model, target.model.decoder, valid, config.audio_window)
+            scores = validate(model, target.decoder, valid, config.audio_window)
             scores["step"] = meta["step"]
             if real:
-                scores["real"] = {**validate(model, target.model.decoder, real, config.audio_window),
+                scores["real"] = {**validate(model, target.decoder, real, config.audio_window),
                                   "windows": len(real)}
             meta["validations"].append(scores)
             score = (scores["real"] if real else scores)["mean_accepted_length"]
