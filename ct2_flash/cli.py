@@ -132,7 +132,8 @@ def _bench(args: argparse.Namespace) -> int:
         for section in setting.get("batched", []):
             speed, identity = section["speedup"]["whole"], section["token_identity"]
             print(f"  BatchedInferencePipeline batch {section['batch_size']}: whole {speed['speedup']:.2f}x "
-                  f"[{speed['low']:.2f}, {speed['high']:.2f}], identical {identity['identical']}/{identity['of']}")
+                  f"[{speed['low']:.2f}, {speed['high']:.2f}], identical {identity['identical']}/{identity['of']}, "
+                  f"rows speculative / generate() {section['speculative_rows']} / {section['generate_rows']}")
         if summary["speedup_vs_stock"]:
             stock = summary["speedup_vs_stock"]
             print(f"  vs stock ctranslate2 {setting['stock_ctranslate2']}: decode {stock['decode']['speedup']:.2f}x, "

@@ -132,6 +132,8 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
     assert sum(b["utterances"] for b in summary["buckets"].values()) == 2
     (batched,) = setting["batched"]
     assert batched["batch_size"] == 2 and batched["token_identity"] == {"identical": 2, "of": 2}
+    # The oracle drafts every call: no row of the timed runs went to generate().
+    assert batched["speculative_rows"] >= 2 and batched["generate_rows"] == 0
     for name in ("speedup_by_duration.png", "acceptance_by_position.png", "time_split.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
 

@@ -190,7 +190,9 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         measure(flash, first, **options)
         systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
                    for name, pipeline in (("baseline", baseline), ("flash", flash))}
+        flash.model.reset_spec_stats()
         runs = _interleave(systems, utterances, audio, config.repeats, f"batch {batch_size}", progress)
+        stats = flash.model.spec_stats  # over every timed repeat: which way the rows went
         rows = []
         for index, utterance in enumerate(utterances):
             base, got = runs[index]["baseline"], runs[index]["flash"]
@@ -207,6 +209,7 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
             "audio_seconds_per_second": {name: audio_seconds / sum(r[name]["whole"] for r in rows)
                                          for name in ("baseline", "flash")},
+            "speculative_rows": stats.generate_calls, "generate_rows": stats.generate_rows,
             "utterances": rows,
         })
     return sections
