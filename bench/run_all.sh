@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce the committed results under bench/results/ (about 60 minutes on 2 cores).
+# Reproduce the committed results under bench/results/ (about 2 hours on 2 cores; the long fuzz,
+# bench/fuzz_exactness.py, is resumable over sessions and runs on its own).
 #
 # Every result is a run of the one runner (ct2-flash bench: a drafter and its options are one
 # system) or of a script below. The current measurements come first: real speech fetched from
@@ -38,6 +39,9 @@ for guard in 0 1.0; do
   $PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types int8 --guard-margin $guard \
     --repeats 1 --out $OUT/oracle/int8_guard_$guard
 done
+# The multilingual base, for which no drafter is trained: never slower than faster-whisper.
+$PY -m ct2_flash.cli bench --model base --speech-set mfa --limit 24 --compute-types int8 float32 --repeats 2 \
+  --out $OUT/base_default
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
@@ -68,13 +72,15 @@ for index, parts in enumerate(groups):
         out.writeframes(pcm.tobytes())
 PYEOF
 fi
-$PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 2 4 8 16 --repeats 2 \
+$PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 2 4 8 16 --repeats 3 \
   --out $OUT/long_batched
 # The draft round on full 30 s windows (where the position window matters).
 $PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
   --out $OUT/draft_round/int8_long.json
 # The int8 guard: verified rows against single steps, and identity against generate() by margin.
 $PY bench/guard_margin.py --compute-type int8 --limit 30 --out $OUT/guard_margin/int8.json
+# Soak: 1,000 transcriptions in one process (about 45 minutes): memory, files, threads.
+$PY bench/soak.py --calls 1000 --threads 1 --out $OUT/soak/soak.json
 # Training speed, on whatever teacher data exists.
 if [[ -f $DATA/teacher.jsonl ]]; then
   $PY bench/train_speed.py --steps 15 --out $OUT/train_speed.json
