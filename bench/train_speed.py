@@ -29,8 +29,8 @@ def main() -> None:
     from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel
     from ct2_flash.models import resolve_model
     from ct2_flash.train.__main__ import default_data_dir
-    from ct2_flash.train.fit import (IGNORE, FitConfig, batch_frames, load_examples, make_batch, sample_batch,
-                                     shortlist_from, train_step)
+    from ct2_flash.train.fit import (IGNORE, FitConfig, batch_frames, load_examples, make_batch, order_by_length,
+                                     sample_batch, shortlist_from, train_step)
     from ct2_flash.whisper_model import FlashWhisperModel
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,7 +68,7 @@ def main() -> None:
         full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
         seconds, frames = [], []
-        by_length = sorted(range(len(pool)), key=lambda i: (pool[i].audio_frames or 0, i))
+        by_length = order_by_length(pool)
         for step in range(args.warmup + args.steps):
             rng = np.random.default_rng([0, step])  # the same batches for every system
             indices = sample_batch(by_length, args.batch_size, rng) if bucketed else rng.choice(len(pool), args.batch_size)

@@ -373,7 +373,7 @@ class FlashWhisperModel(WhisperModel):
 
     @property
     def drafter(self) -> Drafter:
-        return self.model.decoder.drafter
+        return self.decoder.drafter
 
     @property
     def reference_model(self):
@@ -388,7 +388,7 @@ class FlashWhisperModel(WhisperModel):
         ``adaptive`` is off by default so that every call drafts every round: comparing
         drafters wants them exercised, not the timing-dependent policy and governor.
         """
-        decoder = self.model.decoder
+        decoder = self.decoder
         if drafter.vocab_size is not None and drafter.vocab_size != decoder.runtime.special.vocab_size:
             raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, "
                              f"the model has {decoder.runtime.special.vocab_size}")

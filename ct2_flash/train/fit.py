@@ -194,7 +194,7 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     return windows
 
 
-def _by_length(examples: Sequence[Example]) -> List[int]:
+def order_by_length(examples: Sequence[Example]) -> List[int]:
     """Indices of ``examples`` sorted by audio frames (``sample_batch`` draws neighbours)."""
     return sorted(range(len(examples)), key=lambda i: (examples[i].audio_frames or 0, i))
 
@@ -549,7 +549,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         model.shortlist.copy_(torch.from_numpy(shortlist))
     model.train()
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    by_length = _by_length(train)
+    by_length = order_by_length(train)
 
     os.makedirs(out_dir, exist_ok=True)
     meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
@@ -587,7 +587,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
             train = [e for e in train if e.path != damaged.path]
             if not train:
                 raise RuntimeError(f"every training file in {data_dir} is damaged")
-            by_length = _by_length(train)
+            by_length = order_by_length(train)
             continue
         loss = train_step(model, optimizer, batch, full_to_short, config, step)
         meta["step"] = step + 1
