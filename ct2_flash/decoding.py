@@ -268,12 +268,20 @@ class SpeculativeDecoder:
     def _propose(self, state: "_Decoding") -> "_Draft":
         """The round's drafts: none while drafting is paused or an unsure row waits for its
         single-token pass; otherwise up to K (fewer when the budget ends or, adaptive, when
-        more would not pay), drawn from the drafter's distribution under sampling."""
+        more would not pay: ``DraftLengthPolicy`` chooses how many rows the drafter computes,
+        then how many of its drafts are verified), drawn from the drafter's distribution under
+        sampling."""
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
         count = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
         if count <= 0 or state.single_pass_next:
             return _Draft()
+        if self.adaptive and self.drafter.proposes_prefixes:
+            # The proposal's cost grows with its rows: ask only for those likely to pay.
+            count = self.lengths.rows(count)
+        started = time.perf_counter()
         proposal = self.drafter.propose(state.generated, count)
+        self.lengths.observe_proposal(count, time.perf_counter() - started)
+        self.stats.drafted_rows += count
         drafts, confidences = proposal.tokens[:count], proposal.log_probs[:count]
         probs = proposal.probs
         if self.adaptive and len(confidences) == len(drafts):
@@ -294,10 +302,11 @@ class SpeculativeDecoder:
             self._observe_step(verify_seconds)
         stats.record_round(len(draft.tokens), outcome.accepted)
         stats.rows_rechecked += int(outcome.unsure)
-        if len(draft.confidences) == len(draft.tokens):
-            rejected = outcome.accepted < len(draft.tokens) and not outcome.unsure
-            self.lengths.observe(draft.confidences, outcome.accepted, rejected, verify_seconds)
-            stats.record_confidences(draft.confidences, outcome.accepted, rejected)
+        rejected = outcome.accepted < len(draft.tokens) and not outcome.unsure
+        confidences = draft.confidences if len(draft.confidences) == len(draft.tokens) else None
+        self.lengths.observe(len(draft.tokens), outcome.accepted, rejected, verify_seconds, confidences)
+        if confidences is not None:
+            stats.record_confidences(confidences, outcome.accepted, rejected)
 
     @_charged("drafter_seconds")
     def _advance(self, state: "_Decoding", sequence, columns: Optional[np.ndarray], kept_rows: int,

@@ -53,6 +53,10 @@ class DrafterConfig:
         shortlist_size: size of the draft-head vocabulary shortlist, 0 for the full vocabulary.
         use_audio: cross-attention to the encoder output (off only for the ablation).
         use_history: attention to the target's decoder states (off only for the ablation).
+        causal_blocks: each row of a block attends to the anchor and the rows before it, not
+            the rows after, so a proposal of k < K tokens computes k rows and proposes exactly
+            what the K-row proposal would at those positions. False (drafters trained before
+            it existed): every row sees the whole block, and a proposal always computes K rows.
     """
 
     target: TargetIdentity
@@ -66,6 +70,7 @@ class DrafterConfig:
     shortlist_size: int = 0
     use_audio: bool = True
     use_history: bool = True
+    causal_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.target.d_model % self.num_heads:
@@ -94,6 +99,15 @@ class DrafterConfig:
         data["target"] = TargetIdentity(**data["target"])
         data["history_taps"] = tuple(data["history_taps"])
         return cls(**data)
+
+
+def proposal_rows(config: DrafterConfig, num_tokens: int) -> int:
+    """Mask rows a proposal of ``num_tokens`` drafts computes: as many (1 .. K) with causal
+    blocks, otherwise all K (each row reads the whole block, so fewer rows would propose other
+    tokens than the drafter was trained to)."""
+    if not config.causal_blocks:
+        return config.num_draft_tokens
+    return max(1, min(num_tokens, config.num_draft_tokens))
 
 
 def target_identity(model_path: str, model_name: str) -> TargetIdentity:

@@ -155,11 +155,14 @@ class Drafter(abc.ABC):
             recovery costs a little, so drafters that ignore them say so).
         wants_position: whether ``observe_position`` should receive where in the audio the
             target is reading (the loop then has the engine return its alignment attention).
+        proposes_prefixes: whether a proposal of k tokens costs less than one of more and is
+            their first k (then an adaptive loop asks for only the drafts likely to pay).
     """
 
     vocab_size: Optional[int] = None
     needs_states: bool = False
     wants_position: bool = False
+    proposes_prefixes: bool = False
 
     @abc.abstractmethod
     def begin(self, window: DraftWindow) -> None:

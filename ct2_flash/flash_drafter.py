@@ -30,6 +30,7 @@ from .drafter_files import (  # noqa: F401 (re-exported)
     CheckpointError,
     DrafterMismatchError,
     check_target,
+    proposal_rows,
     read_config,
     target_identity,
 )
@@ -181,6 +182,7 @@ class FlashDrafter(Drafter):
         self.needs_states = model.config.use_history
         self.vocab_size = model.config.target.vocab_size
         self.num_draft_tokens = model.config.num_draft_tokens
+        self.proposes_prefixes = model.config.causal_blocks
         self._vocabulary = model.shortlist if use_shortlist else torch.arange(self.vocab_size)
         # The (shortlisted) output head, gathered once: per round it is the largest matmul.
         head_weight = model.token_embedding[self._vocabulary]  # [shortlist, d]
@@ -254,7 +256,12 @@ class FlashDrafter(Drafter):
         with self._torch_threads(), torch.inference_mode():
             anchors = torch.tensor([[int(generated[-1])]])
             x, positions = self.model.embed_blocks(anchors, torch.tensor([[self._cache_length]]))
-            states = self.model.forward_blocks(x, positions, self._history_kv or self._empty_history, self._read_kv)
+            # The anchor and the mask rows asked for (all K without causal blocks, where later
+            # rows change earlier ones); the exported graph computes the same.
+            rows = 1 + proposal_rows(self.model.config, num_tokens)
+            history = self._history_kv or self._empty_history
+            mask = self.model.proposal_mask(history[0][0].shape[1], rows)
+            states = self.model.forward_blocks(x[:, :rows], positions[:, :rows], history, self._read_kv, mask)
             logits = self._head(states[0, 1 : 1 + num_tokens]).float()  # mask positions: [n, shortlist]
             best, index = logits.max(-1)
             tokens = self._vocabulary[index].tolist()

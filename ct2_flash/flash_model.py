@@ -223,6 +223,18 @@ class FlashDrafterModel(nn.Module):
         rope = self._rope_at(positions)
         return [layer.history_kv(projected, rope) for layer in self.layers]
 
+    def proposal_mask(self, history_length, rows) -> Optional[torch.Tensor]:
+        """Self-attention mask of one proposal block of ``rows`` rows (anchor and masks) after
+        ``history_length`` history entries: [1, rows, history_length + rows] boolean, True = may
+        attend; None (everything visible) unless the drafter has ``causal_blocks``. The sizes
+        may be traced values (the exported graph's dynamic axes)."""
+        if not self.config.causal_blocks:
+            return None
+        index = torch.arange(rows)
+        block = index[None, :] <= index[:, None]  # [rows, rows]: a row sees itself and the rows before it
+        history = torch.ones(rows, history_length, dtype=torch.bool)
+        return torch.cat([history, block], dim=1)[None]
+
     def forward_blocks(self, x, positions, history_kvs, cross_kvs, mask=None, cross_mask=None, cross_weights=False):
         """Run packed blocks through the layers; returns [B, S, d] final-normalised states,
         and with ``cross_weights`` the last layer's head-averaged cross-attention [B, S, F]
@@ -283,7 +295,8 @@ class FlashDrafterModel(nn.Module):
         self.final_norm.bias.copy_(tensor("decoder/layer_norm/beta"))
 
 
-def block_attention_mask(anchor_positions: torch.Tensor, history_length: torch.Tensor, history_size: int, k: int) -> torch.Tensor:
+def block_attention_mask(anchor_positions: torch.Tensor, history_length: torch.Tensor, history_size: int, k: int,
+                         causal: bool = False) -> torch.Tensor:
     """Who may attend to whom when N blocks are packed after a history of ``history_size``.
 
     Args:
@@ -293,9 +306,11 @@ def block_attention_mask(anchor_positions: torch.Tensor, history_length: torch.T
         history_length: [B] valid history entries per row.
         history_size: T, the padded history length.
         k: draft tokens per block.
+        causal: a row sees the rows of its block up to itself only (``causal_blocks``).
     Returns:
         [B, N * (K + 1), T + N * (K + 1)] boolean: block n sees history indices < t_n (and
-        < history_length) and the K + 1 tokens of its own block, nothing else.
+        < history_length) and the K + 1 tokens of its own block (causal: those up to the
+        row), nothing else.
     """
     batch, blocks = anchor_positions.shape
     width = k + 1
@@ -303,5 +318,9 @@ def block_attention_mask(anchor_positions: torch.Tensor, history_length: torch.T
     sees_history = (history_index < anchor_positions[..., None]) & (history_index < history_length[:, None, None])
     sees_history = sees_history[:, :, None, :].expand(batch, blocks, width, history_size)
     block_id = torch.arange(blocks, device=anchor_positions.device).repeat_interleave(width)
-    sees_block = (block_id[:, None] == block_id[None, :]).expand(batch, -1, -1)
+    sees_block = block_id[:, None] == block_id[None, :]
+    if causal:
+        row = torch.arange(blocks * width, device=anchor_positions.device)
+        sees_block = sees_block & (row[None, :] <= row[:, None])
+    sees_block = sees_block.expand(batch, -1, -1)
     return torch.cat([sees_history.reshape(batch, blocks * width, history_size), sees_block], dim=-1)

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .drafter_files import CheckpointError, DrafterConfig, check_target, read_config, target_identity
+from .drafter_files import CheckpointError, DrafterConfig, check_target, proposal_rows, read_config, target_identity
 from .drafting import (AUDIO_WINDOW, Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window,
                        check_round_options, cut_by_confidence)
 
@@ -180,6 +180,10 @@ class OnnxDrafter(Drafter):
         rows = config.max_positions + config.num_draft_tokens + 1
         self._buffers = [np.zeros((rows, config.num_heads, head_dim), dtype=np.float32) for _ in self._history_names]
         self._binding = self._propose.io_binding()
+        # Graphs converted before proposals had a length take the anchor's position alone and
+        # always compute K rows; current ones compute as many rows as ``positions`` has.
+        self._rows_input = "positions" in {graph_input.name for graph_input in self._propose.get_inputs()}
+        self.proposes_prefixes = config.causal_blocks and self._rows_input
         # The proposal distribution, for sampled decoding, where the graph has it.
         outputs = {output.name: output.shape for output in self._propose.get_outputs()}
         self._vocabulary = None
@@ -205,17 +209,22 @@ class OnnxDrafter(Drafter):
         self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})
         self._audio_span = (-1, -1)  # new arrays: bind whatever the span
         self._bind_audio(0, encoder_output.shape[1])
-        self._binding.clear_binding_outputs()
-        self._binding.bind_output("tokens")
-        self._binding.bind_output("log_probs")
-        if self._vocabulary is not None and window.options.sampling:
-            # Only sampling draws from the drafter's distribution; copying its [K, shortlist]
-            # logits out every greedy round cost ~0.2 ms.
-            self._binding.bind_output("logits")
+        # Only sampling draws from the drafter's distribution; copying its [K, shortlist] logits
+        # out every greedy round cost ~0.2 ms.
+        self._bind_logits = self._vocabulary is not None and window.options.sampling
+        self._bind_outputs(None)
         self._rows = 0
         # The first states the controller hands over are those of the last prompt position.
         self._history_start = len(window.prompt) - 1
         self._cache_length = len(window.prompt)
+
+    def _bind_outputs(self, rows: Optional[int]) -> None:
+        """Let ONNX Runtime allocate the outputs of a ``rows``-row proposal: it keeps the arrays
+        of a run for the next, which fails once the number of rows changes."""
+        self._binding.clear_binding_outputs()
+        for name in ("tokens", "log_probs", "logits") if self._bind_logits else ("tokens", "log_probs"):
+            self._binding.bind_output(name)
+        self._output_rows = rows
 
     def observe_position(self, frame: int) -> None:
         self._bind_audio(*audio_window_span(frame, self._audio_kv[0].shape[1], self.audio_window))
@@ -249,7 +258,13 @@ class OnnxDrafter(Drafter):
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
         binding = self._binding
         binding.bind_cpu_input("anchor_embedding", self._embedding[int(generated[-1])][None].astype(np.float32))
-        binding.bind_cpu_input("position", np.array([self._cache_length], dtype=np.int64))
+        if self._rows_input:
+            rows = proposal_rows(self.config, num_tokens)
+            if rows != self._output_rows:
+                self._bind_outputs(rows)
+            binding.bind_cpu_input("positions", np.arange(self._cache_length, self._cache_length + rows + 1, dtype=np.int64))
+        else:
+            binding.bind_cpu_input("position", np.array([self._cache_length], dtype=np.int64))
         for name, buffer in zip(self._history_names, self._buffers):
             binding.bind_cpu_input(name, buffer[: self._rows])  # a contiguous prefix: no copy
         self._propose.run_with_iobinding(binding)

@@ -15,6 +15,7 @@ class SpecStats:
         draft_rounds: rounds in which the drafter was asked for tokens.
         drawn_rounds: of those, sampled rounds whose drafts were drawn from the drafter's own
             distribution (the rejection rule with q) rather than proposed outright.
+        drafted_rows: draft positions the drafter was asked for (it computes one row each).
         proposed: draft tokens sent to verification.
         accepted: draft tokens the target agreed with.
         emitted: tokens produced (accepted drafts, corrections, bonuses, first tokens).
@@ -40,6 +41,7 @@ class SpecStats:
     target_calls: int = 0
     draft_rounds: int = 0
     drawn_rounds: int = 0
+    drafted_rows: int = 0
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0

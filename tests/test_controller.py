@@ -306,3 +306,23 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
     plain = SpeculativeDecoder(runtime, ScriptDrafter(), 4, SpecStats())
     plain.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=()))
     assert not runtime.tracking_positions
+
+
+@pytest.mark.parametrize("prefixes", [False, True])
+def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(monkeypatch, prefixes):
+    """Only a drafter whose short proposals are prefixes of long ones (and cheaper) is asked for
+    fewer than K; the others compute their K rows whatever the policy would choose."""
+    from ct2_flash import decoding
+    from ct2_flash.draft_length import DraftLengthPolicy
+
+    monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self, step_seconds=None: True)
+    monkeypatch.setattr(DraftLengthPolicy, "rows", lambda self, limit: min(limit, 2))
+    drafter = ScriptDrafter(wrong_at=range(2, 20, 2))
+    drafter.proposes_prefixes = prefixes
+    decoder = SpeculativeDecoder(FakeRuntime(), drafter, 6, SpecStats(), adaptive=True)
+    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
+                            DecodingOptions(suppress_blank=False, suppress_tokens=()))
+    assert result.tokens == SCRIPT[:-1]
+    asked = {n for _, n in drafter.requests}
+    assert asked == ({2} if prefixes else {6})
+    assert decoder.lengths.proposal.timed and decoder.stats.drafted_rows == sum(n for _, n in drafter.requests)

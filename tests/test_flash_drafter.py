@@ -1,5 +1,6 @@
 """The Whisper-Flash drafter network: masks, shapes, caching, checkpoints, exactness."""
 
+import dataclasses
 import json
 import os
 
@@ -132,6 +133,61 @@ def test_block_is_bidirectional(tiny_model):
     changed[:, k] += torch.randn(16)  # the last mask token
     out = model.forward_blocks(changed, positions, empty, cross)
     assert not torch.allclose(out[:, 0], base[:, 0])  # the anchor sees the last mask
+
+
+@pytest.fixture(scope="module")
+def causal_model(tiny_model):
+    """``tiny_model``'s weights with causal blocks."""
+    model = FlashDrafterModel(dataclasses.replace(tiny_model.config, causal_blocks=True))
+    model.load_state_dict(tiny_model.state_dict())
+    return model.eval()
+
+
+def test_causal_block_mask_lets_a_row_see_the_rows_before_it():
+    k, history = 2, 6
+    anchors, valid = torch.tensor([[2, 5]]), torch.tensor([6])
+    mask = block_attention_mask(anchors, valid, history, k, causal=True)
+    lower = [[True, False, False], [True, True, False], [True, True, True]]
+    assert mask[0, : k + 1, history : history + k + 1].tolist() == lower
+    assert mask[0, k + 1 :, history + k + 1 :].tolist() == lower
+    assert not mask[0, : k + 1, history + k + 1 :].any() and not mask[0, k + 1 :, history : history + k + 1].any()
+    torch.testing.assert_close(mask[..., :history], block_attention_mask(anchors, valid, history, k)[..., :history])
+
+
+def test_causal_rounds_propose_what_training_packs_for_every_row_count(causal_model, tiny_model):
+    """With causal blocks, training's packed pass (its mask) and a round of any k rows give
+    the same tokens at the first k positions; a bidirectional drafter always computes K rows,
+    so its short proposals are prefixes too."""
+    from ct2_flash.drafting import DraftWindow, DecodingOptions
+
+    k = causal_model.config.num_draft_tokens
+    torch.manual_seed(3)
+    encoder, history = torch.randn(1, 9, 16), torch.randn(1, 6, 16)
+    positions = torch.arange(1, 7)[None]  # the prompt (1, 2) puts history index 0 at text position 1
+    for model in (causal_model, tiny_model):
+        history_kvs = model.history_kv(model.project_history(history), positions)
+        x, block_positions = model.embed_blocks(torch.tensor([[5]]), torch.tensor([[7]]))
+        mask = block_attention_mask(torch.tensor([[6]]), torch.tensor([6]), 6, k, model.config.causal_blocks)
+        with torch.no_grad():
+            packed = model.forward_blocks(x, block_positions, history_kvs, model.cross_kv(encoder), mask)
+        expected = tuple(model.shortlist[model.logits(packed[0, 1:]).argmax(-1)].tolist())
+        drafter = FlashDrafter(model, precision="float32", min_confidence=0.0)
+        assert drafter.proposes_prefixes == model.config.causal_blocks
+        drafter.begin(DraftWindow(encoder[0].numpy(), (1, 2), DecodingOptions(), 49))
+        drafter.advance(history[0].numpy(), 7)
+        for rows in range(1, k + 2):
+            assert drafter.propose([1, 2, 5], rows).tokens == expected[:rows]
+    # The anchor of a causal block does not see the masks after it.
+    empty = [(torch.zeros(1, 0, 2, 8), torch.zeros(1, 0, 2, 8)) for _ in causal_model.layers]
+    x, positions = causal_model.embed_blocks(torch.tensor([[3]]), torch.tensor([[4]]))
+    cross = causal_model.cross_kv(encoder)
+    mask = causal_model.proposal_mask(0, k + 1)
+    changed = x.clone()
+    changed[:, k] += torch.randn(16)
+    with torch.no_grad():
+        base = causal_model.forward_blocks(x, positions, empty, cross, mask)
+        out = causal_model.forward_blocks(changed, positions, empty, cross, mask)
+    torch.testing.assert_close(out[:, :k], base[:, :k])
 
 
 def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):

@@ -28,7 +28,8 @@ SHIPPED = os.path.join(SHIPPED_DRAFTERS, "tiny.en")
 @pytest.fixture(scope="module")
 def random_checkpoint(model_path, tmp_path_factory):
     """A one-layer drafter for tiny.en with random weights and a 512-token shortlist."""
-    config = DrafterConfig(target=target_identity(model_path, "tiny.en"), num_layers=1, shortlist_size=512)
+    config = DrafterConfig(target=target_identity(model_path, "tiny.en"), num_layers=1, shortlist_size=512,
+                           causal_blocks=True)
     torch.manual_seed(0)
     model = FlashDrafterModel(config)
     model.init_from_target(CT2ModelFile(model_path))
@@ -190,6 +191,36 @@ def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     exported.advance(states[6:8], 5)
     greedy = exported.propose([1, 2, 3], 8)
     assert greedy.logits is None and greedy.tokens == a.tokens  # the same proposal, nothing copied out
+
+
+def test_short_blocks_compute_the_rows_asked_for(model_path, converted):
+    """A causal drafter's proposal of k < K drafts computes k mask rows in both runtimes, with
+    the same tokens and logits, and they are the first k of the K-row proposal, whatever k
+    the previous round asked for (the graph's outputs change shape between runs). The shipped,
+    bidirectional drafter always computes K rows, so its short proposals are prefixes too."""
+    from ct2_flash.drafting import DraftWindow, DecodingOptions
+    from ct2_flash.flash_drafter import FlashDrafter
+
+    out, _ = converted
+    rng = np.random.default_rng(2)
+    window = DraftWindow(rng.normal(size=(120, 384)).astype(np.float32), (50257, 50362),
+                         DecodingOptions(sampling_topk=0), 50256)
+    exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
+    reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
+    shipped = OnnxDrafter(SHIPPED, model_path, precision="float32", min_confidence=0.0, audio_window=None)
+    assert exported.proposes_prefixes and reference.proposes_prefixes and not shipped.proposes_prefixes
+    states = rng.normal(size=(5, 384)).astype(np.float32)
+    for drafter in (exported, reference, shipped):
+        drafter.begin(window)
+        drafter.advance(states, 6)
+    full, shipped_full = exported.propose([1, 2, 3], 8), shipped.propose([1, 2, 3], 8)
+    for rows in (1, 3, 8, 2, 2, 20):
+        a, b = exported.propose([1, 2, 3], rows), reference.propose([1, 2, 3], rows)
+        assert a.tokens == b.tokens == full.tokens[:rows]
+        assert a.logits.shape == (min(rows, 8), 512)
+        np.testing.assert_allclose(a.logits, b.logits, atol=1e-3)
+        np.testing.assert_allclose(a.logits, full.logits[:rows], atol=1e-4)
+        assert shipped.propose([1, 2, 3], rows).tokens == shipped_full.tokens[:rows]
 
 
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):

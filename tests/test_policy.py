@@ -146,8 +146,8 @@ def test_draft_length_maximises_expected_tokens_per_second(confidences, slope):
         accepted = 0
         while accepted < n and rng.random() < probs[accepted]:
             accepted += 1
-        policy.observe(np.log(probs), accepted, accepted < n, cost(n))
-    fitted_slope, intercept = policy._fit()
+        policy.observe(n, accepted, accepted < n, cost(n), np.log(probs))
+    fitted_slope, intercept = policy.verification.fit()
     assert fitted_slope / intercept == pytest.approx(slope, rel=1e-6)
     log_probs = np.log(confidences) if confidences else []
     assert policy.choose(log_probs) == _expected_best(list(policy.acceptance(log_probs)), cost)
@@ -156,6 +156,43 @@ def test_draft_length_maximises_expected_tokens_per_second(confidences, slope):
 def test_calibration_learns_an_overconfident_drafter():
     policy = DraftLengthPolicy()
     for _ in range(200):  # says 0.95, is right a fifth of the time
-        policy.observe([math.log(0.95)], int(np.random.default_rng(_).random() < 0.2), True, 0.005)
+        accepted = int(np.random.default_rng(_).random() < 0.2)
+        policy.observe(1, accepted, accepted < 1, 0.005, [math.log(0.95)])
     assert policy.acceptance([math.log(0.95)])[0] < 0.3
     assert policy.choose([math.log(0.95)] * 8) <= 1
+
+
+def test_rows_asks_for_every_draft_until_both_costs_are_timed():
+    policy = DraftLengthPolicy()
+    assert policy.rows(8) == 8 and policy.rows(1) == 1
+    policy.observe(0, 0, False, 0.005)
+    assert policy.rows(8) == 8  # the proposal's cost is still unknown
+    policy.observe_proposal(8, 0.003)
+    assert 1 <= policy.rows(8) <= 8
+
+
+@pytest.mark.parametrize("acceptance, propose_slope", [
+    ([0.9] * 8, 0.14), ([0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], 0.14), ([0.3] * 8, 0.14),
+    ([0.3] * 8, 0.0), ([0.98] * 8, 0.5),
+])
+def test_rows_maximise_expected_tokens_per_second_and_explore_one_more(acceptance, propose_slope):
+    """Before a proposal, k is the row count with the most expected tokens per second of
+    verification plus proposal (by the acceptance observed at each position), plus one."""
+    policy = DraftLengthPolicy()
+    rng = np.random.default_rng(1)
+    verify = lambda n: 0.005 * (1 + 0.07 * n)  # noqa: E731
+    propose = lambda k: 0.0011 * (1 + propose_slope * k)  # noqa: E731
+    for _ in range(2000):
+        n = int(rng.integers(1, 9))
+        accepted = 0
+        while accepted < n and rng.random() < acceptance[accepted]:
+            accepted += 1
+        policy.observe(n, accepted, accepted < n, verify(n))
+        policy.observe_proposal(n, propose(n))
+    learned = policy.acceptance_by_position(8)
+    # A memory of ~50 rounds, pulled a little towards the prior of 0.5.
+    np.testing.assert_allclose(learned[:2], acceptance[:2], atol=0.15)
+    best = max(range(1, 9), key=lambda k: (1 + sum(math.prod(learned[: j + 1]) for j in range(k))) / (verify(k) + propose(k)))
+    assert policy.rows(8) == min(8, best + 1)
+    assert policy.rows(3) == min(3, max(range(1, 4), key=lambda k: (1 + sum(math.prod(learned[: j + 1]) for j in range(k)))
+                                            / (verify(k) + propose(k))) + 1)

@@ -140,9 +140,11 @@ def export_graphs(model, directory: str) -> None:
                   {"encoder_output": {1: "frames"}, **{name: {1: "frames"} for name in audio_names}}),
         "history": (HistoryKeys(model), (states, positions), ["states", "positions"], history_names,
                     {"states": {0: "rows"}, "positions": {0: "rows"}, **{name: {0: "rows"} for name in history_names}}),
-        "propose": (ProposeBlock(model), (torch.randn(1, d), torch.tensor([7]), *history, *audio),
-                    ["anchor_embedding", "position", *history_names, *audio_names], ["tokens", "log_probs", "logits"],
-                    {**{name: {0: "history_length"} for name in history_names},
+        "propose": (ProposeBlock(model), (torch.randn(1, d), torch.arange(7, 8 + config.num_draft_tokens), *history,
+                                          *audio),
+                    ["anchor_embedding", "positions", *history_names, *audio_names], ["tokens", "log_probs", "logits"],
+                    {"positions": {0: "rows"}, **{name: {0: "drafts"} for name in ("tokens", "log_probs", "logits")},
+                     **{name: {0: "history_length"} for name in history_names},
                      **{name: {1: "frames"} for name in audio_names}}),
     }
     for name, (module, args, inputs, outputs, dynamic) in graphs.items():
@@ -226,9 +228,13 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
            max_positions: int) -> dict:
     """Run the PyTorch drafter (float32) and the exported graphs side by side, anchor by anchor.
 
+    Successive anchors ask for K, 1, 2, .. K - 1, K, 1, .. drafts, so blocks of every length
+    the loop may ask for are checked, the full block at every K-th anchor.
+
     Returns:
-        {"positions", "top1_agreement" (all draft positions), "top1_agreement_by_position",
-        "max_log_prob_difference"}: the last is over positions where both chose the same token.
+        {"positions" (anchors), "top1_agreement" (all proposed tokens),
+        "top1_agreement_by_position" (by draft position, over the anchors that proposed it),
+        "max_log_prob_difference"}: the last is over tokens where both chose the same.
     """
     from ..drafting import DraftWindow, DecodingOptions
     from ..flash_drafter import FlashDrafter
@@ -236,7 +242,7 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
     reference = FlashDrafter(model, precision="float32", min_confidence=0.0)
     exported = OnnxDrafter(directory, model_path, precision=precision, min_confidence=0.0)
     k = model.config.num_draft_tokens
-    agree, total, worst, anchors = np.zeros(k), 0, 0.0, 0
+    agree, proposed, worst, anchors = np.zeros(k), np.zeros(k), 0.0, 0
     for window in windows:
         draft_window = DraftWindow(window.encoder_output, window.prompt, DecodingOptions(), eot=-1)
         for drafter in (reference, exported):
@@ -244,21 +250,26 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
         for i in range(len(window.tokens) - 1):
             if anchors >= max_positions:
                 break
+            rows = anchors % k or k
             proposals = []
             for drafter in (reference, exported):
                 drafter.advance(window.states[i : i + 1], len(window.prompt) + i)
-                proposals.append(drafter.propose(window.tokens[: i + 1], k))
+                proposals.append(drafter.propose(window.tokens[: i + 1], rows))
+            lengths = {len(proposal.tokens) for proposal in proposals}
+            if lengths != {rows}:
+                raise ConversionError(f"asked for {rows} drafts, the {precision} graphs and PyTorch proposed "
+                                      f"{len(proposals[1].tokens)} and {len(proposals[0].tokens)}")
             same = np.array(proposals[0].tokens) == np.array(proposals[1].tokens)
-            agree += same
-            total += 1
+            agree[:rows] += same
+            proposed[:rows] += 1
             anchors += 1
             difference = np.abs(np.array(proposals[0].log_probs) - np.array(proposals[1].log_probs))[same]
             worst = max(worst, float(difference.max(initial=0.0)))
-    by_position = (agree / max(total, 1)).round(4).tolist()
-    result = {"positions": total, "top1_agreement": round(float(np.mean(by_position)), 4),
+    by_position = (agree / np.maximum(proposed, 1)).round(4).tolist()
+    result = {"positions": anchors, "top1_agreement": round(float(agree.sum() / max(proposed.sum(), 1)), 4),
               "top1_agreement_by_position": by_position, "max_log_prob_difference": worst}
     logger.info("%s graphs vs PyTorch on %d anchors: top-1 agreement %.2f%%, max log-prob difference %.2e",
-                precision, total, 100 * result["top1_agreement"], worst)
+                precision, anchors, 100 * result["top1_agreement"], worst)
     return result
 
 

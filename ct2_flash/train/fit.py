@@ -327,7 +327,7 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
     history_kvs = model.history_kv(model.project_history(batch["history"]), batch["history_positions"])
     # The model decides how much history it attends to (none in the no-history ablation).
     history_size = history_kvs[0][0].shape[1]
-    mask = block_attention_mask(batch["visible"], batch["history_length"], history_size, k)
+    mask = block_attention_mask(batch["visible"], batch["history_length"], history_size, k, model.config.causal_blocks)
     anchored = anchor_weight > 0 and model.config.use_audio
     if anchored and "label_frames" not in batch:
         raise ValueError("anchor_weight > 0 needs the frames the target attends to: rerun the extract step, "
@@ -542,8 +542,9 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     else:
         text_counts = text_token_counts(data_dir, target.hf_tokenizer, special.vocab_size)
         shortlist = shortlist_from(train, shortlist_size, special, text_counts)
+        # Causal blocks: a round that verifies few drafts computes only their rows.
         drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist),
-                                       use_audio=use_audio, use_history=use_history)
+                                       use_audio=use_audio, use_history=use_history, causal_blocks=True)
         model = FlashDrafterModel(drafter_config)
         model.init_from_target(CT2ModelFile(model_path))
         model.shortlist.copy_(torch.from_numpy(shortlist))
@@ -564,6 +565,10 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         if meta.get("best_by", "validation") != chosen_by:  # scores of another set do not compare
             meta.update(best=-1.0, best_by=chosen_by)
     meta["real_speech"] = [window.name for window in real]
+    # Runs started before causal blocks existed switch to them when they resume (a fine-tune
+    # from that step on); the step is recorded.
+    if drafter_config.causal_blocks:
+        meta.setdefault("causal_blocks_from_step", meta["step"])
     meta["skipped_files"] = sorted(set(meta.get("skipped_files", [])) | set(unreadable))
     # After the resume: the shortlist is the saved one. The data may have grown since, and a
     # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
