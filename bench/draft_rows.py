@@ -1,0 +1,108 @@
+"""What asking a drafter for fewer rows buys: the adaptive loop's row choice against K rows.
+
+A drafter with causal blocks proposes the first k of its K drafts exactly when asked for k, and
+its proposal costs less with fewer rows. The adaptive loop then asks for the rows likely to
+pay (``DraftLengthPolicy.rows``). This runs the same utterances twice per repeat with the same
+drafter and the adaptive loop: once with that choice, once asking for all K rows every round.
+Both arms draft every round (the in-window governor and the per-call routing to
+``generate()`` are held on, so that both decode the same rounds); greedy, timestamps on,
+temperature 0. Writes JSON: decode time, proposal time per round, rows per round, tokens per
+target call, and whether the transcripts matched.
+
+    python bench/draft_rows.py --drafter DIR --out bench/results/draft_rows/DRAFTER.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+
+def main() -> None:
+    from ct2_flash import FlashWhisperModel, resolve_model
+    from ct2_flash import decoding
+    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.runner import load_audio
+    from ct2_flash.benchmark.speech_sets import fetch
+    from ct2_flash.onnx_drafter import OnnxDrafter
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", required=True, help="a converted drafter trained with causal blocks")
+    parser.add_argument("--speech-sets", nargs="+", default=["mfa", "pocketsphinx"])
+    parser.add_argument("--every", type=int, default=3, help="use every n-th utterance of the sets")
+    parser.add_argument("--compute-types", nargs="+", default=["float32", "int8"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    utterances = [u for name in args.speech_sets for u in read_manifest(fetch(name, ""))][:: args.every]
+    audio = load_audio(utterances)
+    model_path = resolve_model("tiny.en")
+    # Both arms draft every round: a window the governor stopped would decode plain steps in one
+    # arm and not the other.
+    decoding.DraftGovernor.pays = lambda self, step_seconds=None: True
+    document = {"what": __doc__.split("\n")[0], "drafter": os.path.abspath(args.drafter),
+                "utterances": len(utterances), "speech_sets": args.speech_sets, "every": args.every,
+                "threads": args.threads, "repeats": args.repeats,
+                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}, "results": {}}
+    for compute_type in args.compute_types:
+        flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=args.threads)
+        flash.model.policy.speculate = lambda batch_size: True  # every call through the loop
+        drafter = OnnxDrafter(args.drafter, model_path)
+        if not drafter.proposes_prefixes:
+            parser.error(f"{args.drafter} was not trained with causal blocks: it always computes K rows")
+        proposal_seconds = []
+        propose = drafter.propose
+
+        def timed(generated, num_tokens):
+            started = time.perf_counter()
+            try:
+                return propose(generated, num_tokens)
+            finally:
+                proposal_seconds.append(time.perf_counter() - started)
+
+        drafter.propose = timed
+        arms = {"all K rows": lambda limit: limit, "rows the policy chooses": None}
+        runs = {name: [] for name in arms}
+        texts = {}
+        with flash.use_drafter(drafter, adaptive=True):
+            list(flash.transcribe(audio[utterances[0].path], beam_size=1, temperature=0.0)[0])  # warm-up
+            for _ in range(args.repeats):
+                for name, rows in arms.items():
+                    flash.decoder.lengths = decoding.DraftLengthPolicy()  # each arm learns afresh
+                    if rows is not None:
+                        flash.decoder.lengths.rows = rows
+                    flash.reset_spec_stats()
+                    proposal_seconds.clear()
+                    texts[name] = [" ".join(s.text for s in flash.transcribe(audio[u.path], beam_size=1,
+                                                                             temperature=0.0)[0])
+                                   for u in utterances]
+                    stats = flash.spec_stats
+                    runs[name].append({
+                        "decode_seconds": stats.decode_seconds, "drafter_seconds": stats.drafter_seconds,
+                        "verify_seconds": stats.verify_seconds, "other_seconds": stats.other_seconds,
+                        "rounds": stats.draft_rounds, "rows_per_round": stats.drafted_rows / max(stats.draft_rounds, 1),
+                        "proposal_ms": 1e3 * statistics.fmean(proposal_seconds) if proposal_seconds else 0.0,
+                        "target_calls": stats.target_calls, "tokens_per_target_call": stats.tokens_per_call,
+                        "acceptance_rate": stats.acceptance_rate, "rows_rechecked": stats.rows_rechecked,
+                    })
+        base = [run["decode_seconds"] for run in runs["all K rows"]]
+        chosen = [run["decode_seconds"] for run in runs["rows the policy chooses"]]
+        document["results"][compute_type] = {
+            "runs": runs, "identical_transcripts": texts["all K rows"] == texts["rows the policy chooses"],
+            "decode_speedup_per_repeat": [b / c for b, c in zip(base, chosen)],
+        }
+        print(compute_type, json.dumps(document["results"][compute_type]["decode_speedup_per_repeat"]),
+              {name: round(statistics.fmean(r["proposal_ms"] for r in values), 2) for name, values in runs.items()})
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+
+
+if __name__ == "__main__":
+    main()
