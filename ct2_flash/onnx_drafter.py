@@ -184,6 +184,8 @@ class OnnxDrafter(Drafter):
         # always compute K rows; current ones compute as many rows as ``positions`` has.
         self._rows_input = "positions" in {graph_input.name for graph_input in self._propose.get_inputs()}
         self.proposes_prefixes = config.causal_blocks and self._rows_input
+        self._bind_logits = False  # whether the window binds the logits output (sampling)
+        self._output_rows: Optional[int] = None  # rows of the proposal the outputs were bound for
         # The proposal distribution, for sampled decoding, where the graph has it.
         outputs = {output.name: output.shape for output in self._propose.get_outputs()}
         self._vocabulary = None
