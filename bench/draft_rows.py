@@ -7,7 +7,8 @@ drafter and the adaptive loop: once with that choice, once asking for all K rows
 Both arms draft every round (the in-window governor and the per-call routing to
 ``generate()`` are held on, so that both decode the same rounds); greedy, timestamps on,
 temperature 0. Writes JSON: decode time, proposal time per round, rows per round, tokens per
-target call, and whether the transcripts matched.
+target call, and whether the transcripts matched; and, first, the proposal timed alone for
+1 .. K rows (median of repeated calls on one real window after 60 of its tokens).
 
     python bench/draft_rows.py --drafter DIR --out bench/results/draft_rows/DRAFTER.json
 """
@@ -20,6 +21,38 @@ import os
 import platform
 import statistics
 import time
+
+
+def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
+    """Median ms of ``drafter.propose`` for 1 .. K drafts, on ``audio``'s first window after
+    the first 60 tokens the target decodes (their states as history), reading the audio window
+    around frame 150, nothing else running."""
+    import numpy as np
+
+    from ct2_flash.drafting import DraftWindow, DecodingOptions
+
+    runtime = flash.decoder.runtime
+    encoder_output = flash.encode_window(audio)
+    prompt = [runtime.special.sot, runtime.special.no_timestamps]
+    tokens = list(flash.reference_model.generate(encoder_output, [prompt], beam_size=1)[0].sequences_ids[0][:60])
+    prefill = runtime.start(encoder_output, prompt)
+    states = runtime.decoder_states(np.concatenate([prefill.next_logits[None], prefill.sequence.verify(tokens[:-1])]))
+    drafter.begin(DraftWindow(np.asarray(encoder_output)[0], tuple(prompt), DecodingOptions(), runtime.special.eot))
+    drafter.advance(states, len(prompt) + len(tokens) - 1)
+    # As in the loop, the round reads the frames around where the target reads (the default
+    # window: 225 frames here), not all 1,500.
+    drafter.observe_position(150)
+    result = {}
+    for rows in range(1, drafter.num_draft_tokens + 1):
+        for _ in range(10):
+            drafter.propose(tokens, rows)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            drafter.propose(tokens, rows)
+            times.append(time.perf_counter() - started)
+        result[rows] = 1e3 * statistics.median(times)
+    return result
 
 
 def main() -> None:
@@ -66,6 +99,9 @@ def main() -> None:
             finally:
                 proposal_seconds.append(time.perf_counter() - started)
 
+        if "proposal_alone_ms_by_rows" not in document:
+            document["proposal_alone_ms_by_rows"] = proposal_alone_ms(flash, drafter, audio[utterances[0].path])
+            print("proposal alone, ms by rows:", {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()})
         drafter.propose = timed
         arms = {"all K rows": lambda limit: limit, "rows the policy chooses": None}
         runs = {name: [] for name in arms}

@@ -10,8 +10,8 @@ A draft round has three parts with different lifetimes, so each is its own graph
   caches. It computes as many mask rows as its ``positions`` input has beyond the anchor:
   with ``causal_blocks`` a round that will verify few drafts computes only their rows and
   proposes what the K-row block would; without, the runtime always passes K (the rows read
-  each other, and a shorter block proposed other tokens: 24% of first positions differed at
-  2 rows on real speech).
+  each other, and a shorter block proposed other tokens: about a quarter of the first
+  positions differed at 2 rows on real speech).
 
 Every cache is one tensor per layer and per keys/values, in the layout the attention reads
 without a copy (a sliced or split input costs a full copy in ONNX Runtime: 1.6 ms per round for
