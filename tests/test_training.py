@@ -58,10 +58,18 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
     assert all(np.isfinite(meta["losses"]))
     drafter = load_checkpoint(os.path.join(out, "best"), model_path)
     assert drafter.config.shortlist_size == 4096 and int(drafter.shortlist.max()) == 51863
-    # Resume: a longer run continues from step 3 instead of starting again.
+    assert drafter.config.causal_blocks and meta["causal_blocks_from_step"] == 0
+    # Resume: a longer run continues from step 3 instead of starting again. This one is made
+    # to look like a run saved before causal blocks existed: it switches and records the step.
+    state = os.path.join(out, "train_state.json")
+    with open(state, encoding="utf-8") as stream:
+        saved = json.load(stream)
+    del saved["causal_blocks_from_step"]
+    with open(state, "w", encoding="utf-8") as stream:
+        json.dump(saved, stream)
     longer = FitConfig(**{**config.__dict__, "steps": 4})
     meta = fit(teacher_dir, out, longer, shortlist_size=4096, progress=False)
-    assert meta["step"] == 4 and len(meta["losses"]) == 4
+    assert meta["step"] == 4 and len(meta["losses"]) == 4 and meta["causal_blocks_from_step"] == 3
     assert meta["train_ids"] == ["utt000000"] and meta["validation_ids"] == ["utt000001"]
 
 
@@ -291,6 +299,8 @@ def test_validation_on_real_speech_chooses_the_checkpoint(teacher_dir, tmp_path)
     assert meta["best"] == real["mean_accepted_length"]  # the first real score is the best so far
     report = open(write_report(teacher_dir, out, str(tmp_path / "report")), encoding="utf-8").read()
     assert "chosen by real speech" in report and "first windows of 2 recordings" in report
+    # A new run trains causal blocks from its first step, and its report says so.
+    assert meta["causal_blocks_from_step"] == 0 and "causal blocks (a row reads the rows before it) from the start" in report
 
 
 def test_damaged_teacher_files_are_skipped_and_counted(teacher_dir, tmp_path, monkeypatch):

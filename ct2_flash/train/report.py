@@ -62,6 +62,7 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
         *([("- same step, real speech (first windows of " + str(best["real"]["windows"]) + " recordings): "
             + ", ".join(f"{k} {v:.3f}" for k, v in best["real"].items() if k != "windows"))] if "real" in best else []),
         *_started_from(meta.get("init_from")),
+        *_causal_from(meta.get("causal_blocks_from_step")),
         *([f"- teacher files skipped as damaged: {len(meta['skipped_files'])} ({', '.join(meta['skipped_files'][:5])}"
            f"{', ...' if len(meta['skipped_files']) > 5 else ''})"] if meta.get("skipped_files") else []),
         "",
@@ -71,6 +72,15 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     with open(path, "w", encoding="utf-8") as stream:
         stream.write("\n".join(lines) + "\n")
     return path
+
+
+def _causal_from(step) -> list:
+    """A report line saying from which step the run trained causal blocks (``fit`` records it)."""
+    if step is None:
+        return []
+    if step == 0:
+        return ["- causal blocks (a row reads the rows before it) from the start"]
+    return [f"- causal blocks from step {step} (before it, every row read the whole block)"]
 
 
 def _started_from(init_from) -> list:
