@@ -104,7 +104,7 @@ class ProposeBlock(nn.Module):
         audio_kvs = [(audio[2 * i][None], audio[2 * i + 1][None]) for i in range(layers)]
         mask = model.proposal_mask(history[0].shape[0], k + 1)  # None without causal blocks
         states = model.forward_blocks(x, positions[None], history_kvs, audio_kvs, mask)
-        logits = states[0, 1:] @ self.head  # [K, shortlist]
+        logits = states[0, 1:] @ self.head  # [k, shortlist]
         log_probs = torch.log_softmax(logits, dim=-1)
         best, index = log_probs.max(dim=-1)
         return self.vocabulary[index], best, logits
