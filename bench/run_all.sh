@@ -47,7 +47,8 @@ $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
 # What asking a causal drafter for fewer rows buys (the v2 run's drafters have causal blocks;
-# the shipped one does not): CAUSAL_DRAFTER names a converted one.
+# the shipped one does not): CAUSAL_DRAFTER names a converted one, e.g. one written by
+# python -m ct2_flash.train snapshot --run $DATA/runs/v2 --out DIR.
 if [[ -n ${CAUSAL_DRAFTER:-} ]]; then
   $PY bench/draft_rows.py --drafter "$CAUSAL_DRAFTER" --out $OUT/draft_rows/"$(basename "$CAUSAL_DRAFTER")".json
 fi

@@ -70,6 +70,21 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
     longer = FitConfig(**{**config.__dict__, "steps": 4})
     meta = fit(teacher_dir, out, longer, shortlist_size=4096, progress=False)
     assert meta["step"] == 4 and len(meta["losses"]) == 4 and meta["causal_blocks_from_step"] == 3
+    # A snapshot is the latest saved state (step 4) with the run's architecture, causal blocks included.
+    import torch
+    from safetensors.torch import load_file
+
+    from ct2_flash.train.fit import snapshot
+
+    saved = load_file(os.path.join(out, "train_state.safetensors"))
+    copy = load_checkpoint(snapshot(out, str(tmp_path / "snapshot")), model_path)
+    assert copy.config.causal_blocks and copy.config.shortlist_size == 4096
+    weights = copy.state_dict()
+    trained = {name[len("model."):]: tensor for name, tensor in saved.items() if name.startswith("model.")}
+    assert "mask_embedding" in trained and len(trained) > 10
+    assert all(torch.equal(weights[name], tensor) for name, tensor in trained.items())
+    with pytest.raises(FileNotFoundError, match="no saved training state"):
+        snapshot(str(tmp_path / "nothing"), str(tmp_path / "nowhere"))
     assert meta["train_ids"] == ["utt000000"] and meta["validation_ids"] == ["utt000001"]
 
 

@@ -57,6 +57,11 @@ def main() -> None:
     ship = steps.add_parser("ship", help="convert a run's best checkpoint (float16 + ONNX graphs) into the package, with its report")
     ship.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
     ship.add_argument("--model", default="tiny.en")
+    snap = steps.add_parser("snapshot", help="a run's latest saved weights as a converted drafter (for measurements "
+                                             "between validations)")
+    snap.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
+    snap.add_argument("--out", required=True, help="where to write the drafter")
+    snap.add_argument("--model", default="tiny.en")
     report = steps.add_parser("report", help="training report and curves for a run")
     report.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
     report.add_argument("--out", required=True, help="where to write the report")
@@ -109,6 +114,15 @@ def main() -> None:
         convert_drafter(os.path.join(run, "best"), destination, resolve_model(args.model), force=True)
         write_report(args.data, run, destination)
         logging.info("shipped %s as the default drafter of %s (%s)", run, args.model, destination)
+    elif args.step == "snapshot":
+        from ..converters import convert_drafter
+        from ..models import resolve_model
+        from .fit import snapshot
+
+        run = args.run or os.path.join(args.data, "runs", "main")
+        snapshot(run, args.out, args.model)
+        convert_drafter(args.out, args.out, resolve_model(args.model), force=True)
+        logging.info("wrote %s from %s", args.out, run)
     elif args.step == "report":
         from .report import write_report
 

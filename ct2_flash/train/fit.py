@@ -33,7 +33,7 @@ import math
 import os
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -481,6 +481,29 @@ def _load_state(path: str, model, optimizer) -> dict:
                 "exp_avg_sq": tensors[f"adam.{name}.exp_avg_sq"],
             }
     return meta
+
+
+def snapshot(run_dir: str, out_dir: str, model_name: str = "tiny.en") -> str:
+    """The run's latest saved weights (``train_state``, every ``save_every`` steps) as a drafter
+    checkpoint in ``out_dir``, for measurements between validations. The architecture is the
+    best checkpoint's, with causal blocks when the run trains them now.
+
+    Raises:
+        FileNotFoundError: the run has no saved state or no best checkpoint yet.
+    """
+    from ..models import resolve_model
+
+    state_path = os.path.join(run_dir, "train_state")
+    if not os.path.isfile(state_path + ".json") or not os.path.isdir(os.path.join(run_dir, "best")):
+        raise FileNotFoundError(f"{run_dir} has no saved training state or no best checkpoint yet (fit writes both)")
+    with open(state_path + ".json", encoding="utf-8") as stream:
+        meta = json.load(stream)
+    best = load_checkpoint(os.path.join(run_dir, "best"), resolve_model(model_name))
+    model = FlashDrafterModel(replace(best.config, causal_blocks="causal_blocks_from_step" in meta))
+    tensors = load_file(state_path + ".safetensors")
+    model.load_state_dict({n[len("model."):]: t for n, t in tensors.items() if n.startswith("model.")})
+    save_checkpoint(model, out_dir)
+    return out_dir
 
 
 def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
