@@ -20,7 +20,10 @@ import json
 import os
 import platform
 import statistics
-import time
+
+# Sibling scripts (python puts this directory first on the path when a script runs).
+from draft_round import _timed
+from drafter_cost import median_ms
 
 
 def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
@@ -42,17 +45,8 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
     # As in the loop, the round reads the frames around where the target reads (the default
     # window: 225 frames here), not all 1,500.
     drafter.observe_position(150)
-    result = {}
-    for rows in range(1, drafter.num_draft_tokens + 1):
-        for _ in range(10):
-            drafter.propose(tokens, rows)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            drafter.propose(tokens, rows)
-            times.append(time.perf_counter() - started)
-        result[rows] = 1e3 * statistics.median(times)
-    return result
+    return {rows: median_ms(lambda: drafter.propose(tokens, rows), repeats, warmup=10)
+            for rows in range(1, drafter.num_draft_tokens + 1)}
 
 
 def main() -> None:
@@ -90,19 +84,10 @@ def main() -> None:
         if not drafter.proposes_prefixes:
             parser.error(f"{args.drafter} was not trained with causal blocks: it always computes K rows")
         proposal_seconds = []
-        propose = drafter.propose
-
-        def timed(generated, num_tokens):
-            started = time.perf_counter()
-            try:
-                return propose(generated, num_tokens)
-            finally:
-                proposal_seconds.append(time.perf_counter() - started)
-
         if "proposal_alone_ms_by_rows" not in document:
             document["proposal_alone_ms_by_rows"] = proposal_alone_ms(flash, drafter, audio[utterances[0].path])
             print("proposal alone, ms by rows:", {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()})
-        drafter.propose = timed
+        _timed(drafter, "propose", proposal_seconds)
         arms = {"all K rows": lambda limit: limit, "rows the policy chooses": None}
         runs = {name: [] for name in arms}
         texts = {}

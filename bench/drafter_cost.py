@@ -20,8 +20,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def median_ms(function, repeats: int) -> float:
-    for _ in range(3):
+def median_ms(function, repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``function()`` in ms over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
         function()
     times = []
     for _ in range(repeats):

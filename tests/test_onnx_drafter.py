@@ -160,18 +160,26 @@ def test_model_runs_a_converted_directory_without_pytorch_modules(converted, mod
     assert isinstance(flash.drafter, OnnxDrafter)
 
 
-def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
-    """advance() after a rollback keeps exactly the rows before the new cache length."""
+def _sampled_pair(out, model_path, rng, frames):
+    """A sampled window of random audio (its proposals carry the drafter's logits; a greedy
+    one's do not) and the converted drafter ``out`` in both runtimes, float32, uncut."""
     from ct2_flash.drafting import DraftWindow, DecodingOptions
     from ct2_flash.flash_drafter import FlashDrafter
 
-    out, _ = converted
-    rng = np.random.default_rng(0)
-    # A sampled window: its proposals carry the drafter's logits (a greedy one's do not).
-    window = DraftWindow(rng.normal(size=(200, 384)).astype(np.float32), (50257, 50362),
+    window = DraftWindow(rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362),
                          DecodingOptions(sampling_topk=0), 50256)
     exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
     reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
+    return window, exported, reference
+
+
+def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
+    """advance() after a rollback keeps exactly the rows before the new cache length."""
+    from ct2_flash.drafting import DecodingOptions
+
+    out, _ = converted
+    rng = np.random.default_rng(0)
+    window, exported, reference = _sampled_pair(out, model_path, rng, 200)
     states = rng.normal(size=(12, 384)).astype(np.float32)
     for drafter in (exported, reference):
         drafter.begin(window)
@@ -198,15 +206,9 @@ def test_short_blocks_compute_the_rows_asked_for(model_path, converted):
     the same tokens and logits, and they are the first k of the K-row proposal, whatever k
     the previous round asked for (the graph's outputs change shape between runs). The shipped,
     bidirectional drafter always computes K rows, so its short proposals are prefixes too."""
-    from ct2_flash.drafting import DraftWindow, DecodingOptions
-    from ct2_flash.flash_drafter import FlashDrafter
-
     out, _ = converted
     rng = np.random.default_rng(2)
-    window = DraftWindow(rng.normal(size=(120, 384)).astype(np.float32), (50257, 50362),
-                         DecodingOptions(sampling_topk=0), 50256)
-    exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
-    reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
+    window, exported, reference = _sampled_pair(out, model_path, rng, 120)
     shipped = OnnxDrafter(SHIPPED, model_path, precision="float32", min_confidence=0.0, audio_window=None)
     assert exported.proposes_prefixes and reference.proposes_prefixes and not shipped.proposes_prefixes
     states = rng.normal(size=(5, 384)).astype(np.float32)

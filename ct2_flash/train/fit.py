@@ -468,11 +468,16 @@ def _save_state(path: str, model, optimizer, meta: dict) -> None:
     os.replace(path + ".json.tmp", path + ".json")
 
 
+def _model_tensors(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The model's part of a saved training state (``_save_state`` prefixes it ``model.``)."""
+    return {name[len("model."):]: tensor for name, tensor in tensors.items() if name.startswith("model.")}
+
+
 def _load_state(path: str, model, optimizer) -> dict:
     with open(path + ".json", encoding="utf-8") as stream:
         meta = json.load(stream)
     tensors = load_file(path + ".safetensors")
-    model.load_state_dict({n[len("model."):]: t for n, t in tensors.items() if n.startswith("model.")})
+    model.load_state_dict(_model_tensors(tensors))
     for name, parameter in _trainable(model).items():
         if f"adam.{name}.exp_avg" in tensors:
             optimizer.state[parameter] = {
@@ -500,8 +505,7 @@ def snapshot(run_dir: str, out_dir: str, model_name: str = "tiny.en") -> str:
         meta = json.load(stream)
     best = load_checkpoint(os.path.join(run_dir, "best"), resolve_model(model_name))
     model = FlashDrafterModel(replace(best.config, causal_blocks="causal_blocks_from_step" in meta))
-    tensors = load_file(state_path + ".safetensors")
-    model.load_state_dict({n[len("model."):]: t for n, t in tensors.items() if n.startswith("model.")})
+    model.load_state_dict(_model_tensors(load_file(state_path + ".safetensors")))
     save_checkpoint(model, out_dir)
     return out_dir
 
