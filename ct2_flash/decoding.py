@@ -247,7 +247,7 @@ class SpeculativeDecoder:
         # accepted draft (or, with none, the anchor itself) is the next anchor, so it leaves
         # the cache and the next pass computes that row alone.
         kept = cache_length + outcome.accepted + (0 if outcome.unsure else 1)
-        sequence.rollback(kept)
+        self._rollback(sequence, kept)
         state.single_pass_next = outcome.unsure
         self._record(draft, outcome, self.stats.verify_seconds - spent[1])
         if not state.finished:
@@ -263,6 +263,12 @@ class SpeculativeDecoder:
     def _verify(self, sequence, tokens: List[int]) -> np.ndarray:
         self.stats.target_calls += 1
         return sequence.verify(tokens)
+
+    @_charged("verify_seconds")
+    def _rollback(self, sequence, kept: int) -> None:
+        """Cut the target's cache back to ``kept`` positions: the engine's work, so its time
+        counts with the verification that made the rows it drops."""
+        sequence.rollback(kept)
 
     @_charged("drafter_seconds")
     def _propose(self, state: "_Decoding") -> "_Draft":
@@ -475,7 +481,8 @@ class _Decoding:
                 from; None: the drafter proposed them outright.
         """
         guard_margin = np.zeros(1) if guard_margin is None else guard_margin
-        choice = self.rules.choose_block(logits, self.generated, drafts)
+        # Greedy acceptance reads rows only up to the first mismatch: the rules may stop there.
+        choice = self.rules.choose_block(logits, self.generated, drafts, until_mismatch=not self.options.sampling)
         if self.options.sampling:
             options, start = self.options, len(self.generated)
             outcome = sample_accept(
@@ -488,8 +495,9 @@ class _Decoding:
             return self._append(drafts, outcome, choice, stats)
         # Margins cost another pass over the rows, so only the rows acceptance reads get them:
         # up to the first mismatch.
-        mismatches = np.flatnonzero(choice.tokens[: len(drafts)] != np.asarray(drafts, dtype=np.int64))
-        used = 1 + (mismatches[0] if mismatches.size else len(drafts))
+        judged = min(len(drafts), len(choice.tokens))  # an accepted end-of-text ends the rows read
+        mismatches = np.flatnonzero(choice.tokens[:judged] != np.asarray(drafts[:judged], dtype=np.int64))
+        used = min(1 + (mismatches[0] if mismatches.size else judged), len(choice.tokens))
         guard = guard_margin[np.minimum(np.arange(used), guard_margin.size - 1)]
         margins = choice.margins(used) if drafts and guard.max() > 0 else None
         outcome = greedy_accept(

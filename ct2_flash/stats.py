@@ -21,7 +21,9 @@ class SpecStats:
         emitted: tokens produced (accepted drafts, corrections, bonuses, first tokens).
         accepted_by_position: [K] how often the draft at position j (0-based) was accepted.
         proposed_by_position: [K] how often a draft at position j was proposed.
-        encoder_seconds / drafter_seconds / verify_seconds / other_seconds: wall time split.
+        encoder_seconds / drafter_seconds / verify_seconds / other_seconds: wall time split;
+            verify_seconds is the engine's (its passes and its cache rollbacks), other_seconds
+            the loop's own bookkeeping (logit rules, acceptance, scores, state columns).
         generate_calls: speculative ``generate()`` rows decoded.
         windows_drafting_stopped: times drafting did not pay in a row and was stopped.
         drafting_resumed: times stopped drafting was probed again later in its row.
@@ -91,11 +93,11 @@ class SpecStats:
         """Count the judged positions of one verified block by confidence bin."""
         from .draft_length import CONFIDENCE_BINS, DraftLengthPolicy
 
-        bins = DraftLengthPolicy.bins(log_probs)
-        while len(self.calibration) < len(bins):
+        bins = DraftLengthPolicy.bins(log_probs[: accepted + int(rejected)])
+        while len(self.calibration) < len(log_probs):
             self.calibration.append([[0, 0] for _ in range(CONFIDENCE_BINS)])
-        for position in range(min(len(bins), accepted + int(rejected))):
-            cell = self.calibration[position][int(bins[position])]
+        for position, index in enumerate(bins):
+            cell = self.calibration[position][index]
             cell[0] += 1
             cell[1] += int(position < accepted)
 

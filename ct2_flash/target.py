@@ -109,9 +109,11 @@ class TargetSequence:
             logits = self._model.forward_step(self._state, tokens[0])
         else:
             logits = self._model.forward_batch(self._state, tokens)
-        # np.asarray does not copy; the view is only valid until the next call on the model,
-        # so the caller gets its own copy.
-        return np.array(logits, dtype=np.float32).reshape(len(tokens), -1)
+        # No copy (on CPU): the array views the pass's own output buffer, which it keeps alive
+        # (its base is the StorageView) and which no later call reuses or reads, so the logit
+        # rules may edit it in place. Copying 9 rows cost up to ~0.27 ms a round, cache-cold
+        # after the pass.
+        return np.asarray(logits, dtype=np.float32).reshape(len(tokens), -1)
 
     def rollback(self, length: int) -> None:
         """Keep the first ``length`` cache positions (1 <= length <= self.length)."""

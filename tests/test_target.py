@@ -122,3 +122,48 @@ def test_suppression_options_match_generate(float32_pair, window):
         length, penalty = len(got.sequences_ids[0]), options.get("length_penalty", 1.0)
         scale = length**penalty / length
         assert abs(got.scores[0] - expected.scores[0]) * scale < 1e-4, options
+
+
+def test_token_scores_follow_ctranslate2s_own_log_softmax(float32_pair, window):
+    """CTranslate2 scores a step with a vectorised exp that sits ~3e-5 from exact arithmetic;
+    the loop's block scores (ONNX Runtime's kernel, ``row_scores``) must follow the engine, not
+    the exact value. Per-token scores of ``generate()`` come from cumulative scores at growing
+    lengths (length_penalty 1: score x length is the sum)."""
+    from ct2_flash.drafting import DecodingOptions
+
+    flash = float32_pair.flash
+    decoder, reference = flash.decoder, flash.reference_model
+    prompt = prompts(flash)["no timestamps"]
+    tokens = reference.generate(window, [prompt], beam_size=1, max_length=40)[0].sequences_ids[0][:10]
+    cumulative = [0.0]
+    for steps in range(1, len(tokens) + 1):  # generate() runs min(max_length // 2, max_length - 1) steps
+        result = reference.generate(window, [prompt], beam_size=1, max_length=2 * steps, return_scores=True)[0]
+        assert result.sequences_ids[0] == tokens[:steps]
+        cumulative.append(result.scores[0] * steps)
+    engine = np.diff(cumulative)
+    prefill = decoder.runtime.start(window, prompt)
+    # Single steps, as generate() runs them (a multi-token row moves by up to 5e-5 at float32).
+    rows = np.stack([prefill.next_logits, *(prefill.sequence.verify([token])[0] for token in tokens[:-1])])
+    block = decoder.rules_for(prompt, DecodingOptions()).choose_block(rows, [], tokens[:-1])
+    assert list(block.tokens) == tokens
+    ours = block.log_probs(tokens)
+    edited = block.edited.astype(np.float64)
+    exact = edited[np.arange(len(tokens)), tokens] - np.log(np.exp(edited - edited.max(axis=1, keepdims=True)).sum(axis=1)) \
+        - edited.max(axis=1)
+    assert np.abs(ours - engine).max() < 1e-5
+    assert np.abs(ours - engine).mean() < 0.1 * np.abs(exact - engine).mean()
+
+
+def test_verified_rows_are_the_passes_own_buffer_and_outlive_later_passes(float32_pair, window):
+    """``verify`` hands out the engine's output without a copy; the loop edits it in place and
+    reads it after the rollback, so later calls must neither reuse nor change it."""
+    runtime = float32_pair.flash.decoder.runtime
+    sequence = runtime.start(window, [50257]).sequence
+    length = sequence.length
+    rows = sequence.verify([50363, 317, 1588])
+    assert rows.flags.writeable and rows.shape == (3, 51864)
+    kept = rows.copy()
+    sequence.rollback(length + 1)
+    sequence.verify([317, 2546])
+    sequence.verify([318])
+    np.testing.assert_array_equal(rows, kept)
