@@ -33,6 +33,7 @@ from .models import embedded_name, resolve_model
 from .policy import SpeculationPolicy
 from .stats import SpecStats
 from .target import TargetRuntime
+from .thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
 
@@ -264,8 +265,9 @@ class FlashWhisperModel(WhisperModel):
             at float32 slower (0.96x -> 0.86x). The decoder's logits matched the two-thread
             model's bit for bit at int8 on the test clips, and within 1e-5 at float32, whose GEMM
             splits work by thread count on AVX2-only CPUs (``tests/test_whisper_model.py``). None uses
-            the one model; "auto" (default) takes one thread for int8 models up to 512 wide
-            (tiny, base) and None otherwise.
+            the one model; "auto" (default), for int8 models up to 512 wide (tiny, base), times
+            a verification on both and keeps the faster (``thread_split``; the measurement is
+            ``decoder_split``), and uses the one model otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
             (``decoding.SpeculativeDecoder``); a number, or one per row of the block. Default:
@@ -337,16 +339,27 @@ class FlashWhisperModel(WhisperModel):
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""
-        if threads == "auto":
-            small = _model_width(model_path) <= AUTO_SPLIT_MAX_WIDTH
+        self.decoder_split = None
+        auto = threads == "auto"
+        if auto:
+            width = _model_width(model_path)
+            small = width <= AUTO_SPLIT_MAX_WIDTH
             threads = 1 if small and self.model.device == "cpu" and self.model.compute_type.startswith("int8") else None
         if threads is None:
             return self.model
         if self.model.device != "cpu":
             logger.info("ct2-flash: decoder_threads only applies on CPU; the %s model decodes", self.model.device)
             return self.model
-        return ctranslate2.models.Whisper(model_path, device="cpu", compute_type=self.model.compute_type,
+        copy = ctranslate2.models.Whisper(model_path, device="cpu", compute_type=self.model.compute_type,
                                           intra_threads=threads)
+        if not auto:
+            return copy
+        # Whether one thread runs the loop's passes faster than cpu_threads depends on the CPU.
+        self.decoder_split = measure_split(self.model, copy, width)
+        logger.info("ct2-flash: a 9-row verification takes %.1f ms on cpu_threads, %.1f ms on one thread: the loop "
+                    "uses %s", self.decoder_split.shared_ms, self.decoder_split.one_thread_ms,
+                    "a one-thread copy" if self.decoder_split.split else "the encoder's model")
+        return copy if self.decoder_split.split else self.model
 
     def transcribe(self, audio, *args, **kwargs):
         """faster-whisper's ``transcribe()``, after ``audio.checked_audio``: bad audio raises

@@ -164,6 +164,9 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
     return {"compute_type": compute_type, "threads": threads, "temperature": temperature,
             "drafter": type(flash.drafter).__name__,
+            # decoder_threads="auto": the timed choice between the shared model and a one-thread copy
+            "decoder_split": {**dataclasses.asdict(flash.decoder_split), "split": flash.decoder_split.split}
+            if flash.decoder_split else None,
             "stock_ctranslate2": stock.version if stock is not None else None,
             "summary": summarise(rows), "utterances": rows}
 
