@@ -5,13 +5,11 @@ sequence score): a pass of exponentials over 51,864 columns per token. Two reaso
 in ONNX Runtime rather than numpy:
 
 - **It follows the engine.** CTranslate2's CPU log-softmax uses a vectorised approximate exp
-  that sits ~3e-5 (up to ~7e-5) from exact arithmetic per token, always on the same side;
-  ONNX Runtime's kernel lands within ~2e-6 of CTranslate2's score, exact arithmetic (numpy,
-  float32 or float64) ~3e-5 away on average (tiny.en, float32 and int8; the test
-  ``test_token_scores_follow_ctranslate2s_own_log_softmax`` checks it). Scores decide
-  faster-whisper's temperature fallback, so the closer the better.
-- **It is cheaper.** numpy's float32 ``exp`` runs at ~2 ns a value on these CPUs (~0.12 ms per
-  row with its max, shift and sum); the kernel takes ~0.035 ms, call included. That pass was
+  that sits a few 1e-5 per token from exact arithmetic, always on the same side; this kernel
+  lands about ten times closer to CTranslate2's scores than exact arithmetic (numpy, float32
+  or float64) does (README "Bookkeeping"; ``test_token_scores_follow_ctranslate2s_own_log_softmax``
+  checks it). Scores decide faster-whisper's temperature fallback, so the closer the better.
+- **It is cheaper.** numpy's float32 ``exp`` is slow on CPUs without AVX-512, and this pass was
   the largest part of a round's bookkeeping.
 
 The graph is ``ct2_flash/data/row_log_softmax.onnx`` (``converters/row_graph.py`` writes it);

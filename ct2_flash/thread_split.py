@@ -2,13 +2,12 @@
 or a one-thread copy (``FlashWhisperModel(decoder_threads="auto")``).
 
 The loop makes many small passes from Python. On some CPUs one thread runs them faster than
-several, and the encoder keeps all of its threads (one int8 9-row verification of tiny.en:
-6.1 ms on two threads against 5.9 ms on one step, 7.1 ms on one thread against 11.0 ms on two,
-on the Intel machines of the first measurements); on the AVX2-only AMD EPYC of later ones two
-threads ran it in ~8.7 ms against ~13 ms on one, and the split cost every speculative call a
-third. Which way wins is the CPU's business, so "auto" times the pass the loop makes most
-(anchor plus eight drafts, then the rollback) on both models and keeps the faster. The tokens
-are the same either way: int8 logits are bit-identical at any thread count.
+several, and the encoder keeps all of its threads; on others (the AVX2-only AMD EPYC of the
+latest measurements, README "Decoder threads") two threads verify a block much faster than
+one, and a fixed split made every speculative call slower. Which way wins is the CPU's
+business, so "auto" times the pass the loop makes most (anchor plus eight drafts, then the
+rollback) on both models and keeps the faster. The tokens are the same either way: int8 logits
+are bit-identical at any thread count.
 """
 
 from __future__ import annotations
