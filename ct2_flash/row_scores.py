@@ -49,4 +49,3 @@ def log_softmax_at(rows: np.ndarray, columns) -> np.ndarray:
         return np.zeros(0, dtype=np.float32)
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     return _session().run(None, {"rows": rows, "columns": columns})[0][:, 0]
-
