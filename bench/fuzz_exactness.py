@@ -1,11 +1,15 @@
 """The long fuzz: random transcribe() options and drafters against faster-whisper, float32, on
 every committed clip (``ct2_flash/fuzzing.py``; ``tests/test_fuzz.py`` runs a bounded part).
 
-Resumable: each case is appended to ``--log`` (JSON lines) as it finishes and skipped when the
-script runs again, so a run can be split over sessions. The summary (cases, identical, how
-many were speculative, which fell back) goes to ``--out``.
+Resumable: each case is appended to ``--log`` (JSON lines; by default beside ``--out``, so the
+per-case records are committed with the summary) as it finishes and skipped when the script
+runs again, so a run can be split over sessions. ``--shard K/N`` runs every N-th case from the
+K-th (one process per core; the shards share the log). The summary (cases, identical, how many
+were speculative, which fell back) goes to ``--out`` once every case is in the log.
 
     python bench/fuzz_exactness.py --cases 2000 --out bench/results/fuzz/fuzz.json
+    python bench/fuzz_exactness.py --cases 2000 --threads 1 --shard 0/2 --out bench/results/fuzz/fuzz.json &
+    python bench/fuzz_exactness.py --cases 2000 --threads 1 --shard 1/2 --out bench/results/fuzz/fuzz.json
     python bench/fuzz_exactness.py --model base --cases 300 --out bench/results/fuzz/fuzz_base.json
 
 On the multilingual base the cases also draw the language (or detection), the task and
@@ -26,9 +30,14 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--log", default=os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "fuzz.jsonl"))
+    parser.add_argument("--log", help="per-case JSON lines (default: beside --out, <name>.cases.jsonl)")
+    parser.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    shard, shards = (int(part) for part in args.shard.split("/"))
+    if not 0 <= shard < shards:
+        parser.error(f"--shard {args.shard}: K must be in 0..N-1")
+    log_path = args.log or os.path.splitext(args.out)[0] + ".cases.jsonl"
 
     import glob
 
@@ -49,22 +58,35 @@ def main() -> None:
     drafters = {"shipped": flash.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
                 "random": RandomDrafter(flash.decoder.runtime.special.vocab_size, seed=2)}
-    done = {}
-    if os.path.exists(args.log):
-        with open(args.log, encoding="utf-8") as stream:
-            done = {record["index"]: record for record in map(json.loads, stream)
-                    if record.get("seed") == args.seed and record.get("model", "tiny.en") == args.model}
+    def finished() -> dict:
+        records = {}
+        if os.path.exists(log_path):
+            with open(log_path, encoding="utf-8") as stream:
+                for line in stream:
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut by a kill: that case runs again
+                        continue
+                    if record.get("seed") == args.seed and record.get("model", "tiny.en") == args.model:
+                        records[record["index"]] = record
+        return records
+
+    done = finished()
     rng = np.random.default_rng(args.seed)
     cases = [random_case(rng, sorted(audio), multilingual) for _ in range(args.cases)]  # drawn in full: resumes repeat them
-    os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-    with open(args.log, "a", encoding="utf-8") as log:
-        for index, case in enumerate(tqdm(cases, desc="fuzz")):
-            if index in done:
-                continue
-            result = run_case(case, flash, baseline, audio, drafters)
-            done[index] = {"index": index, "seed": args.seed, "model": args.model, **result}
-            log.write(json.dumps(done[index]) + "\n")
+    mine = [index for index in range(shard, len(cases), shards) if index not in done]
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    # One write per line in append mode: the shards' lines never interleave.
+    with open(log_path, "a", encoding="utf-8") as log:
+        for index in tqdm(mine, desc=f"fuzz {args.shard}"):
+            result = run_case(cases[index], flash, baseline, audio, drafters)
+            log.write(json.dumps({"index": index, "seed": args.seed, "model": args.model, **result}) + "\n")
             log.flush()
+    done = finished()
+    missing = [index for index in range(len(cases)) if index not in done]
+    if missing:
+        print(f"{len(cases) - len(missing)}/{len(cases)} cases in {log_path}; the summary waits for the rest")
+        return
     records = [done[i] for i in range(len(cases))]
     options = Counter(name for record in records for name in record["options"])
     summary = {

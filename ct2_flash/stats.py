@@ -24,6 +24,9 @@ class SpecStats:
         encoder_seconds / drafter_seconds / verify_seconds / other_seconds: wall time split;
             verify_seconds is the engine's (its passes and its cache rollbacks), other_seconds
             the loop's own bookkeeping (logit rules, acceptance, scores, state columns).
+        generate_seconds: wall time of the greedy or sampled calls decoded by CTranslate2's
+            ``generate()`` instead of the loop (``generate_rows``), so that a time split can
+            tell them from the loop's bookkeeping.
         generate_calls: speculative ``generate()`` rows decoded.
         windows_drafting_stopped: times drafting did not pay in a row and was stopped.
         drafting_resumed: times stopped drafting was probed again later in its row.
@@ -53,6 +56,7 @@ class SpecStats:
     drafter_seconds: float = 0.0
     verify_seconds: float = 0.0
     other_seconds: float = 0.0
+    generate_seconds: float = 0.0
     generate_calls: int = 0
     windows_drafting_stopped: int = 0
     drafting_resumed: int = 0

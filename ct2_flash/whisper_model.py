@@ -180,10 +180,12 @@ class SpeculativeWhisper:
                 self._loop.release()
         tokens = sum(len(ids) + 1 for result in results for ids in result.sequences_ids)  # + end-of-text
         with self._counting:
+            seconds = time.perf_counter() - started
             if not in_loop:
                 self.stats.generate_rows += len(prompts)
+                self.stats.generate_seconds += seconds
                 self.stats.busy_calls += int(speculative)
-            policy.record(in_loop, len(prompts), time.perf_counter() - started, tokens)
+            policy.record(in_loop, len(prompts), seconds, tokens)
         return results
 
     def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any]) -> list:

@@ -103,8 +103,11 @@ def test_either_way_gives_faster_whisper_output(float32_pair, clips, policy):
             stats = flash.spec_stats
             if policy is ForcedGenerate:
                 assert stats.generate_rows > 0 and stats.generate_calls == 0 and stats.draft_rounds == 0
+                # Their time is counted apart from the loop's, which spent none.
+                assert stats.generate_seconds > 0 and stats.decode_seconds == 0
             else:
                 assert stats.generate_rows == 0 and stats.draft_rounds > 0
+                assert stats.generate_seconds == 0 and stats.other_seconds > 0
     finally:
         flash.model.policy = saved
 

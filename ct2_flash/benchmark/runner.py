@@ -261,6 +261,8 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
     counts = stats[0]
     drafter_seconds = statistics.fmean(item.drafter_seconds for item in stats)
     verify_seconds = statistics.fmean(item.verify_seconds for item in stats)
+    loop_seconds = statistics.fmean(item.other_seconds for item in stats)
+    generate_seconds = statistics.fmean(item.generate_seconds for item in stats)
     return {
         "name": utterance.name,
         "path": utterance.path,
@@ -275,7 +277,8 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
                      "encode": _median(base, "encode_seconds")},
         "flash": {"decode": _median(flash, "decode_seconds"), "whole": _median(flash, "whole_seconds"),
                   "encode": _median(flash, "encode_seconds"),
-                  "drafter": drafter_seconds, "verify": verify_seconds},
+                  "drafter": drafter_seconds, "verify": verify_seconds, "loop": loop_seconds,
+                  "generate": generate_seconds},
         **({"stock": {"decode": _median(runs["stock"], "decode_seconds"), "whole": _median(runs["stock"], "whole_seconds"),
                       "encode": _median(runs["stock"], "encode_seconds")},
             "stock_identical": all(s.tokens == b.tokens for s, b in zip(runs["stock"], base))} if runs.get("stock") else {}),
@@ -326,10 +329,13 @@ def summarise(rows: Sequence[dict]) -> dict:
         encode = sum(r[system]["encode"] for r in rows)
         split = {"encoder": encode, "decode": decode, "rest of whole path": max(0.0, whole - encode - decode)}
         if system == "flash":
-            drafter = sum(r["flash"]["drafter"] for r in rows)
-            verify = sum(r["flash"]["verify"] for r in rows)
+            drafter, verify, loop, generate = (sum(r["flash"].get(part, 0.0) for r in rows)
+                                               for part in ("drafter", "verify", "loop", "generate"))
+            # Calls the policy sent to CTranslate2's generate() are decode time too, but not
+            # the loop's: each part gets its own bar.
             split = {"encoder": encode, "drafter": drafter, "verification": verify,
-                     "other decode (python, rules)": max(0.0, decode - drafter - verify),
+                     "loop bookkeeping (python, rules)": loop, "generate() calls": generate,
+                     "other decode (faster-whisper, wrapper)": max(0.0, decode - drafter - verify - loop - generate),
                      "rest of whole path": max(0.0, whole - encode - decode)}
         systems[system] = {
             "audio_seconds_per_second": _ratio(audio_seconds, whole),
