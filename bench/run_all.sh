@@ -52,6 +52,8 @@ $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8
 if [[ -n ${CAUSAL_DRAFTER:-} ]]; then
   $PY bench/draft_rows.py --drafter "$CAUSAL_DRAFTER" --out $OUT/draft_rows/"$(basename "$CAUSAL_DRAFTER")".json
 fi
+# Where the shipped drafter's first draft misses on real speech, and whether its shortlist is why.
+$PY bench/drafter_misses.py --out $OUT/drafter_misses/shipped.json
 # BatchedInferencePipeline: three ~2.4-minute recordings made of the real clips.
 if [[ ! -d $LONG_REAL ]]; then
   mkdir -p "$LONG_REAL"
