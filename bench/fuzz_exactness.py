@@ -58,7 +58,9 @@ def main() -> None:
     drafters = {"shipped": flash.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
                 "random": RandomDrafter(flash.decoder.runtime.special.vocab_size, seed=2)}
+
     def finished() -> dict:
+        """index -> record of the cases of this seed and model already in the log."""
         records = {}
         if os.path.exists(log_path):
             with open(log_path, encoding="utf-8") as stream:
