@@ -32,6 +32,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log", help="per-case JSON lines (default: beside --out, <name>.cases.jsonl)")
     parser.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
+    parser.add_argument("--from-end", action="store_true",
+                        help="take the shard's cases last first: a second process on a shard that is behind "
+                             "meets the first halfway (the case where they meet may run twice)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     shard, shards = (int(part) for part in args.shard.split("/"))
@@ -77,6 +80,8 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     cases = [random_case(rng, sorted(audio), multilingual) for _ in range(args.cases)]  # drawn in full: resumes repeat them
     mine = [index for index in range(shard, len(cases), shards) if index not in done]
+    if args.from_end:
+        mine.reverse()
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     # One write per line in append mode: the shards' lines never interleave.
     with open(log_path, "a", encoding="utf-8") as log:
