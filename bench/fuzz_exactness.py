@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
     parser.add_argument("--from-end", action="store_true",
                         help="take the shard's cases last first: a second process on a shard that is behind "
-                             "meets the first halfway (the case where they meet may run twice)")
+                             "meets the first halfway and stops there")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     shard, shards = (int(part) for part in args.shard.split("/"))
@@ -86,6 +86,8 @@ def main() -> None:
     # One write per line in append mode: the shards' lines never interleave.
     with open(log_path, "a", encoding="utf-8") as log:
         for index in tqdm(mine, desc=f"fuzz {args.shard}"):
+            if args.from_end and index in finished():  # the other process got here first
+                break
             result = run_case(cases[index], flash, baseline, audio, drafters)
             log.write(json.dumps({"index": index, "seed": args.seed, "model": args.model, **result}) + "\n")
             log.flush()
