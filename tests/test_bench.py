@@ -254,7 +254,7 @@ def test_summary_counts_utterances_without_draft_rounds():
         times = {"decode": 1.0, "whole": 2.0, "encode": 0.5}
         return {"name": name, "seconds": 3.0, "bucket": "[0,5)", "reference": "", "baseline_text": "a",
                 "flash_text": "a", "tokens": emitted, "identical": True, "baseline": dict(times),
-                "flash": {**times, "drafter": 0.1, "verify": 0.3}, "target_calls": calls, "emitted": emitted,
+                "flash": {**times, "drafter": 0.1, "verify": 0.3, "loop": 0.2, "generate": 0.0}, "target_calls": calls, "emitted": emitted,
                 "proposed_by_position": proposed, "accepted_by_position": accepted,
                 "draft_rounds": proposed[0] if proposed else 0, "drafting_stopped": int(bool(proposed)), "drafting_resumed": 0,
                 "rows_rechecked": 1}

@@ -329,7 +329,7 @@ def summarise(rows: Sequence[dict]) -> dict:
         encode = sum(r[system]["encode"] for r in rows)
         split = {"encoder": encode, "decode": decode, "rest of whole path": max(0.0, whole - encode - decode)}
         if system == "flash":
-            drafter, verify, loop, generate = (sum(r["flash"].get(part, 0.0) for r in rows)
+            drafter, verify, loop, generate = (sum(r["flash"][part] for r in rows)
                                                for part in ("drafter", "verify", "loop", "generate"))
             # Calls the policy sent to CTranslate2's generate() are decode time too, but not
             # the loop's: each part gets its own bar.
