@@ -46,6 +46,8 @@ $PY -m ct2_flash.cli bench --model base --speech-set mfa --limit 24 --compute-ty
 $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
+# The draft round by drafter shape (random weights): the floor under any training.
+$PY bench/round_floor.py --repeats 400 --out $OUT/round_floor/int8.json
 # What asking a causal drafter for fewer rows buys (the v2 run's drafters have causal blocks;
 # the shipped one does not): CAUSAL_DRAFTER names a converted one, e.g. one written by
 # python -m ct2_flash.train snapshot --run $DATA/runs/v2 --out DIR.
@@ -82,6 +84,9 @@ PYEOF
 fi
 $PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 2 4 8 16 --repeats 3 \
   --out $OUT/long_batched
+# Batch 8 and 2 again, 5 repeats: how far a second run moves these ratios.
+$PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 8 2 --repeats 5 \
+  --out $OUT/long_batched_repeat
 # The draft round on full 30 s windows (where the position window matters).
 $PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
   --out $OUT/draft_round/int8_long.json
