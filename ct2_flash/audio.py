@@ -10,7 +10,10 @@ times too loud; a truncated or non-audio file fails somewhere in PyAV.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import gc
+import threading
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -36,7 +39,8 @@ def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
 
         name = getattr(audio, "name", audio)
         try:
-            return decode_audio(audio, sampling_rate=sampling_rate)
+            with young_collections():
+                return decode_audio(audio, sampling_rate=sampling_rate)
         except (FileNotFoundError, IsADirectoryError, PermissionError):
             raise  # already says what is wrong, as faster-whisper's own call would
         except Exception as error:  # PyAV raises many types for unreadable input
@@ -67,3 +71,42 @@ def check_features(features: Any) -> None:
         return
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise AudioError("the audio has NaN or infinite samples (its log-mel features are not finite)")
+
+
+_freezing = threading.Lock()
+_freezers = 0  # calls inside ``young_collections`` that froze, across threads
+
+
+@contextlib.contextmanager
+def young_collections() -> Iterator[None]:
+    """Inside the block, a full garbage collection examines only the objects made in it.
+
+    faster-whisper's ``decode_audio`` ends with ``gc.collect()``: PyAV's resampler leaves
+    reference cycles that hold native buffers. A full collection walks every object the
+    process tracks, and once faster-whisper is imported that takes longer than decoding a
+    short clip (README, "Reading audio files"). The cycles it is there for are made during the
+    call, so the objects that exist before it are frozen
+    (``gc.freeze``) for its length and returned to the oldest generation after
+    (``gc.unfreeze``): the collection still frees the resampler's cycles, older garbage waits
+    for the next automatic collection. Where the application keeps frozen objects of its own
+    (``gc.get_freeze_count() > 0``, as pre-fork servers do), nothing is touched, since
+    unfreezing would hand its heap back to the collector. Threads share one freeze: the first
+    in freezes, the last out unfreezes.
+    """
+    global _freezers
+    with _freezing:
+        # A second thread joins the first one's freeze: freezing again would freeze the
+        # cycles the first thread's collection is there to free.
+        joined = _freezers > 0 or gc.get_freeze_count() == 0
+        if joined:
+            if _freezers == 0:
+                gc.freeze()
+            _freezers += 1
+    try:
+        yield
+    finally:
+        if joined:
+            with _freezing:
+                _freezers -= 1
+                if _freezers == 0:
+                    gc.unfreeze()

@@ -1,0 +1,108 @@
+"""Transcribing files, not waveforms: what reading the audio costs each system.
+
+``ct2-flash bench`` reads every file once and times waveform to text. Users mostly pass a
+path, and faster-whisper's ``decode_audio`` ends with a full garbage collection, whose cost
+grows with every object the process holds; ct2-flash reads files the same way but lets that
+collection examine only the objects made while reading (``audio.young_collections``). This
+script times, on the same files and interleaved:
+
+- reading alone: faster-whisper's ``decode_audio(path)`` against ct2-flash's ``checked_audio(path)``
+  (the same samples, checked);
+- the whole path from a file: ``transcribe(path)`` with faster-whisper's ``WhisperModel`` and
+  ``FlashWhisperModel`` (tiny.en, ``beam_size=1``, the default drafter and policy), tokens
+  compared.
+
+Both models live in one process, so both collections walk the same objects. Writes JSON.
+
+    python bench/file_input.py --out bench/results/file_input/int8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import json
+import os
+import platform
+import statistics
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _seconds(function, *args, **kwargs):
+    started = time.perf_counter()
+    result = function(*args, **kwargs)
+    return time.perf_counter() - started, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--audio", nargs="*", default=sorted(glob.glob(os.path.join(ROOT, "tests", "data", "clip*.ogg"))),
+                        help="audio files (default: the committed test clips)")
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "file_input", "int8.json"))
+    args = parser.parse_args()
+
+    from faster_whisper import WhisperModel, decode_audio
+
+    from ct2_flash import FlashWhisperModel
+    from ct2_flash.audio import checked_audio
+    from ct2_flash.benchmark.analysis import paired_bootstrap
+    from ct2_flash.measure import measure
+    from ct2_flash.models import resolve_model
+
+    path = resolve_model("tiny.en")
+    options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
+    baseline, flash = WhisperModel(path, **options), FlashWhisperModel(path, **options)
+    transcribe = dict(beam_size=1)
+    measure(baseline, args.audio[0], **transcribe)  # warm-up
+    measure(flash, args.audio[0], **transcribe)
+    gc.collect()
+    objects = len(gc.get_objects())
+
+    rows = []
+    for audio in args.audio:
+        runs = {"read_faster_whisper": [], "read_ct2_flash": [], "whole_faster_whisper": [], "whole_ct2_flash": []}
+        identical = True
+        for _ in range(args.repeats):  # interleaved, so load drift hits both alike
+            runs["read_faster_whisper"].append(_seconds(decode_audio, audio, sampling_rate=16000)[0])
+            runs["read_ct2_flash"].append(_seconds(checked_audio, audio, 16000)[0])
+            base, got = measure(baseline, audio, **transcribe), measure(flash, audio, **transcribe)
+            runs["whole_faster_whisper"].append(base.whole_seconds)
+            runs["whole_ct2_flash"].append(got.whole_seconds)
+            identical &= base.tokens == got.tokens
+        rows.append({"audio": os.path.relpath(audio, ROOT), "identical": identical,
+                     **{name: statistics.median(times) for name, times in runs.items()}})
+        print(f"{os.path.basename(audio)}: read {rows[-1]['read_faster_whisper'] * 1e3:.0f} -> "
+              f"{rows[-1]['read_ct2_flash'] * 1e3:.0f} ms, whole {rows[-1]['whole_faster_whisper']:.2f} -> "
+              f"{rows[-1]['whole_ct2_flash']:.2f} s, identical {identical}")
+
+    def column(name):
+        return [row[name] for row in rows]
+
+    document = {
+        "what": "reading audio files and transcribing from a path: faster-whisper vs ct2-flash (medians per file)",
+        "compute_type": args.compute_type, "threads": args.threads, "repeats": args.repeats,
+        "objects_tracked_by_gc": objects,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "summary": {
+            "files": len(rows), "identical": sum(row["identical"] for row in rows),
+            "read_ms_median": {"faster_whisper": 1e3 * statistics.median(column("read_faster_whisper")),
+                               "ct2_flash": 1e3 * statistics.median(column("read_ct2_flash"))},
+            "whole_from_file_vs_faster_whisper": paired_bootstrap(column("whole_faster_whisper"),
+                                                                  column("whole_ct2_flash")),
+        },
+        "files": rows,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+    print(json.dumps(document["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
