@@ -42,6 +42,8 @@ done
 # The multilingual base, for which no drafter is trained: never slower than faster-whisper.
 $PY -m ct2_flash.cli bench --model base --speech-set mfa --limit 24 --compute-types int8 float32 --repeats 2 \
   --out $OUT/base_default
+# Transcribing from a path: what reading the file costs each system.
+$PY bench/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
