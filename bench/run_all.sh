@@ -42,6 +42,9 @@ done
 # The multilingual base, for which no drafter is trained: never slower than faster-whisper.
 $PY -m ct2_flash.cli bench --model base --speech-set mfa --limit 24 --compute-types int8 float32 --repeats 2 \
   --out $OUT/base_default
+# Synthetic speech: the committed test clips (the synthetic held-out set needs the training data).
+$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types float32 int8 --repeats 3 --out $OUT/synthetic_test_clips
+$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types float32 --repeats 5 --out $OUT/synthetic_test_clips_repeat
 # Transcribing from a path: what reading the file costs each system.
 $PY bench/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
