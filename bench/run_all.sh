@@ -51,6 +51,8 @@ $PY bench/file_input.py --out $OUT/file_input/int8.json
 $PY bench/thread_throughput.py --out $OUT/thread_throughput.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
+# Where a verified block's bookkeeping goes, in the loop and replayed warm.
+$PY bench/bookkeeping.py --out $OUT/bookkeeping/int8.json
 # The draft round by drafter shape (random weights): the floor under any training.
 $PY bench/round_floor.py --repeats 400 --out $OUT/round_floor/int8.json
 # What asking a causal drafter for fewer rows buys (the v2 run's drafters have causal blocks;

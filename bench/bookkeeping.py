@@ -1,0 +1,127 @@
+"""Where a verified block's bookkeeping goes, in the loop and replayed with warm caches.
+
+The bookkeeping of a round is what runs outside the engine and the drafter: the logit rules
+and the greedy choice over the verified rows, the guard's margins, the scores of the emitted
+tokens and the columns the drafter's states are recovered from. This script:
+
+1. runs the loop on real clips (int8, the shipped drafter, every round drafting, timestamps
+   on, as faster-whisper's ``transcribe()`` defaults), with each part timed where the loop
+   calls it, per target call;
+2. replays the same blocks (their raw rows, recorded in step 1) through the same code right
+   after one another, so that the rows and the code stay in the caches, to show how much of
+   the in-loop cost is the caches the verification left cold.
+
+Pause background jobs first: the two cores are shared.
+
+    python bench/bookkeeping.py --out bench/results/bookkeeping/int8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _timed(owner, name: str, key: str, totals: collections.Counter, patched: list) -> None:
+    """Add the wall time of every call of ``owner.name`` to ``totals[key]`` (a class or instance
+    patch, recorded in ``patched`` to be undone)."""
+    function = getattr(owner, name)
+    patched.append((owner, name, function))
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - started
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--speech-set", default="mfa", help="a speech set of `ct2-flash bench` (fetched once)")
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "bookkeeping", "int8.json"))
+    args = parser.parse_args()
+
+    from ct2_flash import FlashWhisperModel, decoding, logit_rules
+    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.speech_sets import fetch
+    from ct2_flash.stats import SpecStats
+
+    utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
+    model = FlashWhisperModel("tiny.en", compute_type="int8", cpu_threads=2)
+    runtime = model.decoder.runtime
+    blocks = []
+    emit = decoding._Decoding.emit
+
+    def recording_emit(state, drafts, logits, stats, guard_margin=None, draft_probs=None):
+        blocks.append((logits.copy(), list(state.generated), list(drafts), state.rules, state.options, guard_margin))
+        return emit(state, drafts, logits, stats, guard_margin, draft_probs)
+
+    def transcribe_all() -> None:
+        with model.use_drafter(model.drafter):  # every round drafts
+            for utterance in utterances:
+                list(model.transcribe(utterance.path, beam_size=1, condition_on_previous_text=False)[0])
+
+    transcribe_all()  # warm-up
+    totals: collections.Counter = collections.Counter()
+    patched: list = []
+    _timed(decoding._Decoding, "emit", "emit (rules, choice, margins, scores)", totals, patched)
+    _timed(logit_rules.LogitRules, "_timestamp_rules_block", "of which timestamp rules and choice", totals, patched)
+    _timed(logit_rules.BlockChoice, "log_probs", "of which scores of the emitted tokens", totals, patched)
+    _timed(logit_rules.BlockChoice, "margins", "of which the guard's margins", totals, patched)
+    _timed(runtime, "state_columns", "state columns", totals, patched)
+    _timed(decoding.SpeculativeDecoder, "_record", "counters and draft-length policy", totals, patched)
+    model.reset_spec_stats()
+    transcribe_all()
+    for owner, name, function in reversed(patched):
+        setattr(owner, name, function)
+    stats = model.spec_stats
+    calls = stats.target_calls
+    in_loop = {key: 1000 * seconds / calls for key, seconds in totals.items()}
+    in_loop["all bookkeeping (the time split's loop part)"] = 1000 * stats.other_seconds / calls
+
+    # Replay: the same blocks, recorded in one more pass, then run one after another (rows
+    # copied fresh each time, as the engine hands over new ones).
+    decoding._Decoding.emit = recording_emit
+    try:
+        transcribe_all()
+    finally:
+        decoding._Decoding.emit = emit
+    replay: collections.Counter = collections.Counter()
+    for _ in range(3):
+        for logits, generated, drafts, rules, options, guard in blocks:
+            rows = logits.copy()
+            state = decoding._Decoding(rules=rules, generated=list(generated), options=options, steps_left=1 << 20)
+            started = time.perf_counter()
+            runtime.state_columns(rows)
+            state.emit(drafts, rows, SpecStats(), guard)
+            replay["emit and state columns"] += time.perf_counter() - started
+    replayed = {key: 1000 * seconds / (3 * len(blocks)) for key, seconds in replay.items()}
+
+    document = {
+        "what": "bookkeeping per target call: in the loop, and the same blocks replayed with warm caches (ms)",
+        "speech_set": args.speech_set, "utterances": len(utterances), "compute_type": "int8", "threads": 2,
+        "target_calls": calls, "blocks": len(blocks), "rows_per_block": float(np.mean([b[0].shape[0] for b in blocks])),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "in_loop_ms": in_loop,
+        "replayed_warm_ms": replayed,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+    print(json.dumps(document, indent=2))
+
+
+if __name__ == "__main__":
+    main()
