@@ -45,6 +45,8 @@ $PY -m ct2_flash.cli bench --model base --speech-set mfa --limit 24 --compute-ty
 # Synthetic speech: the committed test clips (the synthetic held-out set needs the training data).
 $PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types float32 int8 --repeats 3 --out $OUT/synthetic_test_clips
 $PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types float32 --repeats 5 --out $OUT/synthetic_test_clips_repeat
+# A new model's first call (what a one-file process gets), and the previous policy start.
+$PY bench/first_calls.py --speech-set mfa --limit 16 --out $OUT/first_calls/int8.json
 # Transcribing from a path: what reading the file costs each system.
 $PY bench/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).

@@ -9,6 +9,12 @@ adapter asks ``SpeculationPolicy`` per call: it keeps a running cost per token o
 now and then, since the audio or the machine's load can change which wins. The tokens are the
 same either way: ``generate()`` is the call faster-whisper itself makes.
 
+``generate()`` goes first: it is measured on the first call (of each batch size), and the
+loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later. A process that
+transcribes one short file (a command-line run, a serverless call) makes only a few calls, and
+a first call through a loop that does not pay made such a process slower than faster-whisper
+(README, "Speed today"); a loop that pays starts a few calls late.
+
 Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
 The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles
 each time a probe confirms the loser, up to ``MAX_PROBE_INTERVAL`` calls; so a way that loses
@@ -51,12 +57,12 @@ class SpeculationPolicy:
 
     def speculate(self, batch_size: int) -> bool:
         """Whether the next call with ``batch_size`` rows should run speculatively."""
-        if self.speculative_cost is None:
-            return True
         generate_cost = self.generate_cost.get(batch_size)
         if generate_cost is None:
-            return False  # measure the other way once
+            return False  # the call faster-whisper makes, measured first
         self.calls += 1
+        if self.speculative_cost is None:  # the loop is measured at the first probe
+            return self.calls >= self.next_probe
         winner = self.speculative_cost <= generate_cost
         loss = max(self.speculative_cost, generate_cost) / max(min(self.speculative_cost, generate_cost), 1e-12) - 1.0
         affordable = math.ceil(loss / PROBE_BUDGET)  # calls per probe that keep its cost in budget

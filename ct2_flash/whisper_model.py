@@ -255,9 +255,11 @@ class FlashWhisperModel(WhisperModel):
         num_draft_tokens: K, the most tokens proposed per verification (default 8; clamped,
             with a warning, to what the drafter was trained for).
         adaptive: send a call to CTranslate2's own ``generate()`` when speculation measured
-            slower per token (``policy.SpeculationPolicy``), and pause drafting inside a window
-            while it measures slower than plain steps (``decoding.DraftGovernor``). The tokens
-            are the same either way. False drafts every round of every call.
+            slower per token, and until it has been measured (``policy.SpeculationPolicy``:
+            ``generate()`` first, the loop measured a few calls later), and pause drafting
+            inside a window while it measures slower than plain steps
+            (``decoding.DraftGovernor``). The tokens are the same either way. False drafts
+            every round of every call.
         decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one

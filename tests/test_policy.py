@@ -31,16 +31,24 @@ def _run(policy, calls, speculative_cost, generate_cost):
     return ways
 
 
-def test_measures_both_ways_then_keeps_the_cheaper_and_probes_rarely():
-    """A close loser (2% slower) is probed soon, then at doubling intervals."""
+def test_generate_goes_first_then_the_loop_is_measured_and_a_close_loser_probed_rarely():
+    """faster-whisper's own call first, so a process of a few calls is never slower; the loop
+    is measured at the first probe; a close loser (2% slower) is probed soon, then at doubling
+    intervals."""
     ways = _run(SpeculationPolicy(), 200, speculative_cost=1.02, generate_cost=1.0)
-    assert ways[:2] == [True, False]  # one measurement each
-    probes = [i for i, way in enumerate(ways) if way and i > 0]
+    assert ways[:FIRST_PROBE_INTERVAL] == [False] * FIRST_PROBE_INTERVAL
+    assert ways[FIRST_PROBE_INTERVAL] is True  # the loop's first measurement
+    probes = [i for i, way in enumerate(ways) if way]
     gaps = np.diff(probes)
-    assert probes[0] <= 2 + FIRST_PROBE_INTERVAL  # the first probe comes soon
-    assert gaps[0] == 2 * FIRST_PROBE_INTERVAL and all(b >= a for a, b in zip(gaps, gaps[1:]))  # then rarer
+    assert gaps[0] <= FIRST_PROBE_INTERVAL + 1  # the first probe of the loser comes soon
+    assert gaps[1] == 2 * FIRST_PROBE_INTERVAL and all(b >= a for a, b in zip(gaps[1:], gaps[2:]))  # then rarer
     assert max(gaps) <= MAX_PROBE_INTERVAL + 1
     assert sum(ways) <= 8  # under 4% of 200 calls speculative
+
+
+def test_a_process_of_few_calls_never_runs_the_loop_even_when_it_would_lose_badly():
+    ways = _run(SpeculationPolicy(), FIRST_PROBE_INTERVAL, speculative_cost=3.0, generate_cost=1.0)
+    assert not any(ways)
 
 
 @pytest.mark.parametrize("loss", [0.3, 1.0, 3.0])
@@ -49,7 +57,7 @@ def test_probes_of_a_clear_loser_stay_within_the_budget(loss):
     MAX_PROBE_INTERVAL calls, however large the loss)."""
     calls = 300
     ways = _run(SpeculationPolicy(), calls, speculative_cost=1.0 + loss, generate_cost=1.0)
-    probes = sum(ways[2:])
+    probes = sum(ways)  # the first is the loop's measurement
     interval = min(max(math.ceil(loss / PROBE_BUDGET), FIRST_PROBE_INTERVAL), MAX_PROBE_INTERVAL)
     assert probes <= math.ceil(calls / interval)
     assert probes * loss / calls <= max(PROBE_BUDGET, loss / MAX_PROBE_INTERVAL) * 1.2
