@@ -74,7 +74,7 @@ def check_features(features: Any) -> None:
 
 
 _freezing = threading.Lock()
-_freezers = 0  # calls inside ``young_collections`` that froze, across threads
+_freezers = 0  # calls inside ``young_collections`` sharing the freeze, across threads
 
 
 @contextlib.contextmanager
@@ -84,14 +84,13 @@ def young_collections() -> Iterator[None]:
     faster-whisper's ``decode_audio`` ends with ``gc.collect()``: PyAV's resampler leaves
     reference cycles that hold native buffers. A full collection walks every object the
     process tracks, and once faster-whisper is imported that takes longer than decoding a
-    short clip (README, "Reading audio files"). The cycles it is there for are made during the
-    call, so the objects that exist before it are frozen
-    (``gc.freeze``) for its length and returned to the oldest generation after
-    (``gc.unfreeze``): the collection still frees the resampler's cycles, older garbage waits
-    for the next automatic collection. Where the application keeps frozen objects of its own
-    (``gc.get_freeze_count() > 0``, as pre-fork servers do), nothing is touched, since
-    unfreezing would hand its heap back to the collector. Threads share one freeze: the first
-    in freezes, the last out unfreezes.
+    short clip (README, "Reading audio files"). The cycles it is there for are made during
+    the call, so the objects that exist before it are frozen (``gc.freeze``) for its length
+    and returned to the oldest generation after (``gc.unfreeze``): the collection still frees
+    the resampler's cycles, and older garbage waits for the next automatic collection. Where
+    the application keeps frozen objects of its own (``gc.get_freeze_count() > 0``, as
+    pre-fork servers do), nothing is touched, since unfreezing would hand its heap back to the
+    collector. Threads share one freeze: the first in freezes, the last out unfreezes.
     """
     global _freezers
     with _freezing:
