@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"tokens identical to faster-whisper greedy: {'yes' if identical else 'NO'}")
     print(f"speed vs faster-whisper (median of {args.repeats}): whole path {whole:.2f}x, decode part {decode:.2f}x")
     print(f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate() "
-          "(the policy's choice where speculation measured slower)")
+          "(the policy's choice until speculation is measured, a few calls in, and wherever it measured slower)")
     if stats.target_calls:
         print(f"speculative calls: acceptance rate {stats.acceptance_rate:.1%}, "
               f"{stats.tokens_per_call:.2f} tokens per target call")
