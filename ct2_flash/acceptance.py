@@ -96,7 +96,7 @@ def sample_accept(
             from, or None when the drafter proposed it outright.
         uniforms: row index j -> two uniforms in [0, 1) for that row's output position (one
             for the acceptance test, one for drawing a token), fixed per position, so that a
-            seeded run repeats whatever the drafts were.
+            seeded run repeats however the rounds fell.
         eot: the end-of-text id.
     """
     for j, draft in enumerate(draft_tokens):

@@ -93,8 +93,13 @@ class SpeculativeDecoder:
             row's distribution is used as verified.
         seed: seeds the random choices of sampled decoding (None: fresh entropy). The n-th
             sampled ``decode`` of a decoder draws its uniforms from (seed, n), one pair per
-            output position, so a seeded decoder repeats its outputs call for call, whatever
-            the drafter proposed and however the rounds fell. Greedy decoding draws nothing.
+            output position, and a seeded sampled call drafts a fixed K every round (no
+            timing-driven lengths), so a seeded decoder with the same drafter repeats its
+            outputs call for call on the same machine. Another drafter samples from the same
+            distribution, but not always the same tokens: its passes group other rows, and
+            where multi-token float32 rows are not bit-identical to single steps (CPUs whose
+            GEMMs sum in another order for another row count) a near-tie can go another way.
+            Greedy decoding draws nothing.
         draw_drafts: under sampling, draw the drafts from the drafter's own distribution (its
             logits under the target's logit rules, temperature and top-k) and judge them by
             the rejection rule, where the drafter gives logits; False proposes its most likely
@@ -188,6 +193,10 @@ class SpeculativeDecoder:
         state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :],
                           options=options)
         state.steps_left = max_steps - len(state.generated)
+        # A seeded sampled call keeps its passes' shapes free of timings: a multi-token row
+        # need not equal a single step bit for bit (float32 GEMMs may sum in another order for
+        # another row count), so draft lengths chosen from measured costs could move a sample.
+        state.adaptive = self.adaptive and not (options.sampling and self.seeded)
         if options.sampling:
             # [position in generated, 2]: the acceptance test's and the draw's uniform.
             rng = np.random.default_rng([self._entropy, self._sampled_calls])
@@ -281,7 +290,7 @@ class SpeculativeDecoder:
         count = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
         if count <= 0 or state.single_pass_next:
             return _Draft()
-        if self.adaptive and self.drafter.proposes_prefixes:
+        if state.adaptive and self.drafter.proposes_prefixes:
             # The proposal's cost grows with its rows: ask only for those likely to pay.
             count = self.lengths.rows(count)
         started = time.perf_counter()
@@ -290,7 +299,7 @@ class SpeculativeDecoder:
         self.stats.drafted_rows += count
         drafts, confidences = proposal.tokens[:count], proposal.log_probs[:count]
         probs = proposal.probs
-        if self.adaptive and len(confidences) == len(drafts):
+        if state.adaptive and len(confidences) == len(drafts):
             # Verify as many as pay for their rows (the proposal itself is paid already).
             count = self.lengths.choose(confidences)
             drafts, confidences = drafts[:count], confidences[:count]
@@ -335,7 +344,7 @@ class SpeculativeDecoder:
             return
         state.governor.record(emitted, time.perf_counter() - started, self.stats.drafter_seconds - spent[0],
                               self.stats.verify_seconds - spent[1])
-        if self.adaptive and not state.governor.pays(self.step_seconds):
+        if state.adaptive and not state.governor.pays(self.step_seconds):
             # Plain steps for a while; the drafter's history is kept complete so that a
             # later stretch of the window, where drafting may pay, can be probed again.
             state.drafting = False
@@ -423,6 +432,7 @@ class _Decoding:
     uniforms: Optional[np.ndarray] = None  # [positions, 2] under sampling (see SpeculativeDecoder)
     draft_uniforms: Optional[np.ndarray] = None  # [positions] for drafts drawn from the drafter
     steps_left: int = 0
+    adaptive: bool = False  # draft lengths and the governor follow measured costs
     log_prob_sum: float = 0.0
     sampled: bool = False
     drafting: bool = True

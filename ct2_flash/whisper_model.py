@@ -283,7 +283,8 @@ class FlashWhisperModel(WhisperModel):
             windows was 73 at 1.0, 76 at 1.5, 77 at 2.0 and 77 at 3.0, with tokens per target
             call 1.20, 1.06, 0.98 and 0.85. 0 turns the guard off.
         seed: makes sampled decoding repeatable: the same calls on the same model give the
-            same samples, whatever the drafter proposes (``decoding.SpeculativeDecoder``). With
+            same samples with the same drafter on the same machine (another drafter samples
+            from the same distribution; ``decoding.SpeculativeDecoder``). With
             a seed, sampled calls always run in the speculative loop (the policy's choice
             depends on timings, and CTranslate2's ``generate()`` draws differently); it also
             seeds CTranslate2 (``ctranslate2.set_random_seed``, process-wide). None: fresh

@@ -1,31 +1,92 @@
-"""The row log-softmax graph: what it computes, and that the committed file is what its builder writes."""
+"""Row scores as CTranslate2's CPU log-softmax computes them: the graph against a plain numpy
+reference of the kernel's order of operations, the ISA rule, and the committed graph file.
+(``test_target.py`` compares them with the engine's own scores.)"""
 
 import numpy as np
 import pytest
 
-from ct2_flash.row_scores import log_softmax_at
+from ct2_flash.row_scores import LANE_WIDTHS, engine_isa, fold_lanes, log_softmax_at
 
 
-def test_log_softmax_at_equals_the_exact_value_within_the_kernels_error():
+def kernel_reference(row: np.ndarray, column: int, isa: str) -> np.float32:
+    """CTranslate2's ``cpu::softmax(log=True)`` for one row, written out one float32 operation
+    at a time: lane j of the accumulator adds columns j, j + width, ... in order; the lanes are
+    folded; the leftover columns are added one by one."""
+    width = LANE_WIDTHS[isa]
+    peak = row.max()
+    terms = np.exp(row - peak)
+    body = len(row) - len(row) % width
+    lanes = np.zeros(width, dtype=np.float32)
+    for start in range(0, body, width):
+        lanes = lanes + terms[start : start + width]
+    total = fold_lanes(lanes[None], isa)[0]
+    for term in terms[body:]:
+        total = np.float32(total + term)
+    return np.float32(row[column] + np.float32(-peak - np.log(total)))
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512", "GENERIC", "NEON"])
+def test_scores_follow_the_kernels_order_of_operations(isa):
     rng = np.random.default_rng(0)
-    rows = rng.normal(0, 4, size=(3, 51864)).astype(np.float32)
+    # 51,865 columns (the multilingual vocabulary) leave a tail after the lanes for every width.
+    rows = rng.normal(0, 4, size=(3, 51865)).astype(np.float32)
+    rows[0, 17] = 30.0  # one dominant token: the sum's rounding is what sets the kernel apart
     rows[1, ::3] = -np.inf  # disabled tokens, as the logit rules leave them
-    columns = np.array([5, 7, 51863])
-    exact = rows.astype(np.float64)
-    peaks = exact.max(axis=1, keepdims=True)
-    exact = (exact - peaks - np.log(np.exp(exact - peaks).sum(axis=1, keepdims=True)))[np.arange(3), columns]
-    got = log_softmax_at(rows, columns)
+    columns = np.array([17, 7, 51864])
+    got = log_softmax_at(rows, columns, isa=isa)
     assert got.shape == (3,) and got.dtype == np.float32
-    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-4)
+    expected = np.array([kernel_reference(row, column, isa) for row, column in zip(rows, columns)])
+    # ONNX Runtime's exp and numpy's differ in the last bit now and then: that, and no more.
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6)
     # Rows need not be contiguous; no rows give an empty result.
-    np.testing.assert_array_equal(log_softmax_at(rows[::2], columns[::2]), got[::2])
-    assert log_softmax_at(rows[:0], []).shape == (0,)
+    np.testing.assert_array_equal(log_softmax_at(rows[::2], columns[::2], isa=isa), got[::2])
+    assert log_softmax_at(rows[:0], [], isa=isa).shape == (0,)
+
+
+def test_lane_widths_change_the_score_as_the_kernel_does():
+    """The sequential sum drops terms below the running sum's last place, so the lane width
+    moves the score measurably: the test above would not notice a wrong width otherwise."""
+    rng = np.random.default_rng(1)
+    row = rng.normal(0, 3, size=(1, 51864)).astype(np.float32)
+    row[0, 5] = 25.0
+    by_isa = {isa: float(log_softmax_at(row, [5], isa=isa)[0]) for isa in ("GENERIC", "AVX2", "AVX512")}
+    assert by_isa["GENERIC"] != by_isa["AVX2"] != by_isa["AVX512"]
+
+
+@pytest.mark.parametrize("environ, flags, machine, isa", [
+    ({}, {"sse4_1", "avx", "avx2"}, "x86_64", "AVX2"),
+    # AVX-512 machines still run the AVX2 kernels unless asked: CTranslate2 does not dispatch AVX-512.
+    ({}, {"avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}, "x86_64", "AVX2"),
+    ({"CT2_FORCE_CPU_ISA": "AVX512"}, {"avx2", "avx512f"}, "x86_64", "AVX512"),
+    ({"CT2_FORCE_CPU_ISA": "GENERIC"}, {"avx2"}, "x86_64", "GENERIC"),
+    ({}, {"avx"}, "x86_64", "AVX"),
+    ({}, {"sse4_1"}, "x86_64", "GENERIC"),
+    ({}, None, "x86_64", "AVX2"),
+    ({}, set(), "aarch64", "NEON"),
+    ({}, set(), "ppc64le", "GENERIC"),
+])
+def test_engine_isa_follows_ctranslate2s_dispatch(environ, flags, machine, isa):
+    if flags is None:  # /proc/cpuinfo unreadable
+        import ct2_flash.row_scores as row_scores
+
+        saved, row_scores._cpu_flags = row_scores._cpu_flags, lambda: None
+        try:
+            assert engine_isa(environ, None, machine) == isa
+        finally:
+            row_scores._cpu_flags = saved
+    else:
+        assert engine_isa(environ, flags, machine) == isa
+
+
+def test_an_unknown_forced_isa_is_named():
+    with pytest.raises(ValueError, match="CT2_FORCE_CPU_ISA='AVX3'"):
+        engine_isa({"CT2_FORCE_CPU_ISA": "AVX3"})
 
 
 def test_the_committed_graph_is_what_the_builder_writes():
     onnx = pytest.importorskip("onnx")
-    from ct2_flash.converters.row_graph import GRAPH_FILE, build_row_log_softmax
+    from ct2_flash.converters.row_graph import GRAPH_FILE, build_row_lane_sums
 
-    committed, built = onnx.load(GRAPH_FILE), build_row_log_softmax()
+    committed, built = onnx.load(GRAPH_FILE), build_row_lane_sums()
     assert committed.graph == built.graph
     assert list(committed.opset_import) == list(built.opset_import)

@@ -69,34 +69,36 @@ def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt
 
 
 def test_seeded_sampling_repeats(model_path, clips):
-    """Two models with the same seed give the same samples call for call. Drafts proposed
-    outright leave the samples to the target's draws, fixed per output position, so they are
-    the same whatever the drafter (oracle, random, the shipped one with ``draw_drafts`` off);
-    drafts drawn from the shipped drafter's distribution repeat too. Another seed gives others."""
+    """Two models with the same seed and the same drafter give the same samples call for call
+    (the oracle, the random drafter, the shipped one proposing outright and drawing from its
+    own distribution); another seed gives others.
+
+    Only the same drafter is promised: the uniforms are fixed per output position, so drafts
+    proposed outright leave each sample to the target's own draw, but that draw reads a row of
+    a multi-token pass, and which rows share a pass depends on the drafter. On CPUs whose
+    float32 GEMMs sum in another order for another row count (an AVX-512 Xeon, where the
+    oracle and the random drafter sampled apart) a near-tie of the inverse CDF can then go
+    either way. Across drafters the samples follow the same distribution
+    (``test_loop_samples_the_first_tokens_as_ctranslate2_does``)."""
     audio = clips["clip04_slt.ogg"]
-    runs = []
-    cases = ((3, "oracle"), (3, "random"), (3, "outright"), (3, None), (3, None), (4, None))
-    for seed, drafter in cases:
+    runs = {}
+    cases = ((3, "oracle"), (3, "oracle"), (3, "random"), (3, "random"), (3, "outright"), (3, "outright"),
+             (3, "drawn"), (3, "drawn"), (4, "drawn"))
+    for index, (seed, drafter) in enumerate(cases):
+        # adaptive (the users' default): a seeded sampled call must not let timings choose its shapes.
         flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, seed=seed)
         encoder_output = flash.encode_window(audio)
         chosen = {"oracle": OracleDrafter(flash.reference_model), "random": RandomDrafter(51864, seed=1),
-                  "outright": flash.decoder.drafter, None: flash.decoder.drafter}[drafter]
+                  "outright": flash.decoder.drafter, "drawn": flash.decoder.drafter}[drafter]
         flash.decoder.draw_drafts = drafter != "outright"
-        with flash.use_drafter(chosen):
+        with flash.use_drafter(chosen, adaptive=True):
             results = [flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
                                             sampling_temperature=t, num_hypotheses=2, return_scores=True)[0]
                        for t in (0.6, 1.0)]
-        runs.append([(r.sequences_ids, r.scores) for r in results])
-    # Tokens exactly; scores to float noise (a drafter changes which rows share a pass, and
-    # float32 multi-token rows move by ~1e-5: ~1e-7 in a score, which rounding to a fixed
-    # number of digits can still split).
-    tokens = [[ids for ids, _ in run] for run in runs]
-    assert tokens[0] == tokens[1] == tokens[2]
-    assert tokens[3] == tokens[4]
-    assert tokens[5] != tokens[3]
-    scores = [[s for _, run_scores in run for s in run_scores] for run in runs]
-    for index, same_as in ((1, 0), (2, 0), (4, 3)):
-        np.testing.assert_allclose(scores[index], scores[same_as], rtol=0, atol=1e-5)
+        runs[index] = [(r.sequences_ids, r.scores) for r in results]
+    for first in range(0, 8, 2):
+        assert runs[first] == runs[first + 1], cases[first]  # tokens and scores, bit for bit
+    assert [ids for ids, _ in runs[8]] != [ids for ids, _ in runs[6]]
 
 
 def test_best_of_returns_hypotheses_best_score_first(seeded, clips):
