@@ -53,10 +53,11 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "bookkeeping", "int8.json"))
     args = parser.parse_args()
 
-    from ct2_flash import FlashWhisperModel, decoding, logit_rules
+    from ct2_flash import FlashWhisperModel
+    from ct2_flash.runtime import decoding, logit_rules
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.stats import SpecStats
+    from ct2_flash.runtime.stats import SpecStats
 
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
     model = FlashWhisperModel("tiny.en", compute_type="int8", cpu_threads=2)

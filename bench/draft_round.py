@@ -44,8 +44,8 @@ def _all_frames(drafter):
 
 
 def _drafters(model_path: str, directory: str):
-    from ct2_flash.flash_drafter import FlashDrafter, load_checkpoint
-    from ct2_flash.onnx_drafter import OnnxDrafter
+    from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter
 
     return {
         "pytorch eager, int8 weights, all frames": lambda: _all_frames(
@@ -68,7 +68,7 @@ def _plot_calibration(table, path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ct2_flash.draft_length import CONFIDENCE_BINS
+    from ct2_flash.runtime.draft_length import CONFIDENCE_BINS
 
     figure, axis = plt.subplots(figsize=(5.5, 4.5))
     for position, cells in enumerate(table[:4]):
@@ -90,7 +90,7 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.testing import using_drafter
+    from ct2_flash.validation.drafters import using_drafter
     from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,7 +32,7 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
     around frame 150, nothing else running."""
     import numpy as np
 
-    from ct2_flash.drafting import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
 
     runtime = flash.decoder.runtime
     encoder_output = flash.encode_window(audio)
@@ -51,11 +51,11 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
 
 def main() -> None:
     from ct2_flash import FlashWhisperModel, resolve_model
-    from ct2_flash import decoding
+    from ct2_flash.runtime import decoding
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.onnx_drafter import OnnxDrafter
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True, help="a converted drafter trained with causal blocks")

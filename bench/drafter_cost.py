@@ -37,8 +37,8 @@ def main() -> None:
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.drafting import DraftWindow, DecodingOptions
-    from ct2_flash.flash_drafter import FlashDrafter, load_checkpoint
+    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True, help="drafter checkpoint directory")

@@ -52,8 +52,8 @@ def main() -> None:
     from ct2_flash import FlashWhisperModel
     from ct2_flash.audio import checked_audio
     from ct2_flash.benchmark.analysis import paired_bootstrap
-    from ct2_flash.measure import measure
-    from ct2_flash.models import resolve_model
+    from ct2_flash.benchmark.measure import measure
+    from ct2_flash.engine.models import resolve_model
 
     path = resolve_model("tiny.en")
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)

@@ -36,8 +36,8 @@ def main() -> None:
     from ct2_flash.benchmark.analysis import paired_bootstrap
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.measure import measure
-    from ct2_flash.models import resolve_model
+    from ct2_flash.benchmark.measure import measure
+    from ct2_flash.engine.models import resolve_model
     from ct2_flash.policy import SpeculationPolicy
 
     class LoopFirst(SpeculationPolicy):

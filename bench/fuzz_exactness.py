@@ -1,5 +1,5 @@
 """The long fuzz: random transcribe() options and drafters against faster-whisper, float32, on
-every committed clip (``ct2_flash/fuzzing.py``; ``tests/test_fuzz.py`` runs a bounded part).
+every committed clip (``ct2_flash/validation/fuzzing.py``; ``tests/test_fuzz.py`` runs a bounded part).
 
 Resumable: each case is appended to ``--log`` (JSON lines; by default beside ``--out``, so the
 per-case records are committed with the summary) as it finishes and skipped when the script
@@ -49,8 +49,8 @@ def main() -> None:
     from tqdm import tqdm
 
     from ct2_flash import FlashWhisperModel, resolve_model
-    from ct2_flash.fuzzing import random_case, run_case
-    from ct2_flash.testing import OracleDrafter, RandomDrafter
+    from ct2_flash.validation.fuzzing import random_case, run_case
+    from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
     audio = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(data, "*.ogg")))}

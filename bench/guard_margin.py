@@ -67,7 +67,7 @@ def _single_steps(runtime, encoder_output, prompt, tokens):
 
 def deviations(decoder, encoder_output, prompt, options):
     """(block position, deviation, single step's margin) for every comparable verified row."""
-    from ct2_flash.target import PromptLayout
+    from ct2_flash.runtime.target import PromptLayout
 
     runtime = decoder.runtime
     calls: list = []
@@ -121,9 +121,9 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.drafting import DecodingOptions
-    from ct2_flash.exactness import compare_window
-    from ct2_flash.testing import OracleDrafter, using_drafter
+    from ct2_flash.drafting.base import DecodingOptions
+    from ct2_flash.validation.exactness import compare_window
+    from ct2_flash.validation.drafters import OracleDrafter, using_drafter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", nargs="+", default=["mfa", "pocketsphinx"])

@@ -45,11 +45,11 @@ def _random_drafter(model_path: str, directory: str, layers: int, shortlist: int
     import torch
 
     from ct2_flash.converters.drafter import _FILES, OPSET, export_graphs
-    from ct2_flash.ct2_weights import CT2ModelFile
-    from ct2_flash.drafter_files import DrafterConfig, target_identity
-    from ct2_flash.flash_drafter import save_checkpoint
-    from ct2_flash.flash_model import FlashDrafterModel
-    from ct2_flash.onnx_drafter import ExportManifest
+    from ct2_flash.engine.model_files import CT2ModelFile
+    from ct2_flash.drafting.files import DrafterConfig, target_identity
+    from ct2_flash.drafting.flash_drafter import save_checkpoint
+    from ct2_flash.drafting.flash_model import FlashDrafterModel
+    from ct2_flash.drafting.onnx_drafter import ExportManifest
 
     config = DrafterConfig(target=target_identity(model_path, "tiny.en"), num_layers=layers, shortlist_size=shortlist,
                            causal_blocks=causal)
@@ -108,9 +108,9 @@ def main() -> None:
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.drafting import AUDIO_WINDOW, DecodingOptions, DraftWindow
-    from ct2_flash.models import resolve_model
-    from ct2_flash.onnx_drafter import OnnxDrafter
+    from ct2_flash.drafting.base import AUDIO_WINDOW, DecodingOptions, DraftWindow
+    from ct2_flash.engine.models import resolve_model
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter
     from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
     model_path = resolve_model("tiny.en")

@@ -24,10 +24,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from ct2_flash.ct2_weights import CT2ModelFile
-    from ct2_flash.flash_drafter import target_identity
-    from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel
-    from ct2_flash.models import resolve_model
+    from ct2_flash.engine.model_files import CT2ModelFile
+    from ct2_flash.drafting.flash_drafter import target_identity
+    from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel
+    from ct2_flash.engine.models import resolve_model
     from ct2_flash.train.__main__ import default_data_dir
     from ct2_flash.train.fit import (IGNORE, FitConfig, batch_frames, load_examples, make_batch, order_by_length,
                                      sample_batch, shortlist_from, train_step)

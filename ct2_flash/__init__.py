@@ -4,16 +4,16 @@ Importing the package checks that the installed ``ctranslate2`` is the patched r
 raises ``RuntimeInstallError`` with the fix when it is not.
 """
 
-from .runtime_check import RuntimeInstallError, require_patched_runtime
+from ct2_flash.engine.runtime_check import RuntimeInstallError, require_patched_runtime
 
 require_patched_runtime()
 
-from .acceptance import Acceptance, greedy_accept, sample_accept  # noqa: E402
-from .audio import AudioError  # noqa: E402
-from .drafting import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
-from .models import UnknownModelError, available_models, resolve_model  # noqa: E402
-from .stats import SpecStats  # noqa: E402
-from .whisper_model import BatchedInferencePipeline, FlashWhisperModel  # noqa: E402
+from ct2_flash.runtime.acceptance import Acceptance, greedy_accept, sample_accept  # noqa: E402
+from ct2_flash.audio import AudioError  # noqa: E402
+from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
+from ct2_flash.engine.models import UnknownModelError, available_models, resolve_model  # noqa: E402
+from ct2_flash.runtime.stats import SpecStats  # noqa: E402
+from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel  # noqa: E402
 
 __all__ = [
     "Acceptance",

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from typing import Any, Iterator
 
 import numpy as np
+
+# The bundled sample the demo transcribes and the drafter converter validates on.
+SAMPLE_AUDIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample.ogg")
 
 
 class AudioError(ValueError):

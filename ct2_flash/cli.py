@@ -11,15 +11,14 @@ import statistics
 import sys
 from typing import List, Optional
 
-DEFAULT_SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample.ogg")
 
 
 def _demo(args: argparse.Namespace) -> int:
     from faster_whisper import WhisperModel, decode_audio
 
-    from .measure import measure
-    from .models import resolve_model
-    from .whisper_model import FlashWhisperModel
+    from ct2_flash.benchmark.measure import measure
+    from ct2_flash.engine.models import resolve_model
+    from ct2_flash.whisper_model import FlashWhisperModel
 
     try:
         audio = decode_audio(args.audio)
@@ -72,11 +71,11 @@ def _bench(args: argparse.Namespace) -> int:
               "(in a checkout: pip install -e '.[bench]')", file=sys.stderr)
         return 2
 
-    from .benchmark.drafters import parse_option
-    from .benchmark.manifest import from_directory, read_manifest
-    from .benchmark.plots import write_plots
-    from .benchmark.runner import BenchConfig, run
-    from .benchmark.speech_sets import fetch
+    from ct2_flash.benchmark.drafters import parse_option
+    from ct2_flash.benchmark.manifest import from_directory, read_manifest
+    from ct2_flash.benchmark.plots import write_plots
+    from ct2_flash.benchmark.runner import BenchConfig, run
+    from ct2_flash.benchmark.speech_sets import fetch
 
     utterances = []
     try:
@@ -96,7 +95,7 @@ def _bench(args: argparse.Namespace) -> int:
     utterances = utterances[: args.limit] if args.limit else utterances
     stock_python = ""
     if args.stock:
-        from .benchmark.stock import ensure_environment
+        from ct2_flash.benchmark.stock import ensure_environment
 
         try:
             stock_python = ensure_environment(args.stock_env)
@@ -144,12 +143,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _convert_drafter(args: argparse.Namespace) -> int:
     try:
-        from .converters import ConversionError, convert_drafter
+        from ct2_flash.converters import ConversionError, convert_drafter
     except ImportError as error:
         print(f"ct2-flash convert-drafter needs PyTorch and onnx ({error.name} is missing): "
               "pip install 'ct2-flash[train]' (in a checkout: pip install -e '.[train]')", file=sys.stderr)
         return 2
-    from .drafter_files import CheckpointError, DrafterMismatchError
+    from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
 
     try:
         manifest = convert_drafter(args.checkpoint, args.out, args.model, force=args.force, audio=args.audio)
@@ -167,9 +166,9 @@ def _convert_drafter(args: argparse.Namespace) -> int:
 def _transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .audio import AudioError
-    from .outputs import FORMATS, write_outputs
-    from .whisper_model import FlashWhisperModel
+    from ct2_flash.audio import AudioError
+    from ct2_flash.outputs import FORMATS, write_outputs
+    from ct2_flash.whisper_model import FlashWhisperModel
 
     formats = FORMATS if args.output_format == "all" else (args.output_format,)
     if args.beam_size < 1 or args.threads < 1:
@@ -212,7 +211,7 @@ def parse_decoder_threads(value: str):
 
 
 def _fetch_speech(args: argparse.Namespace) -> int:
-    from .benchmark.speech_sets import SETS, fetch
+    from ct2_flash.benchmark.speech_sets import SETS, fetch
 
     for name in args.sets or list(SETS):
         try:
@@ -227,7 +226,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__)
     commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser("demo", help="transcribe a file with ct2-flash and with faster-whisper, compare")
-    demo.add_argument("audio", nargs="?", default=DEFAULT_SAMPLE, help="audio file (default: bundled sample)")
+    demo.add_argument("audio", nargs="?", default=SAMPLE_AUDIO, help="audio file (default: bundled sample)")
     demo.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
     demo.add_argument("--compute-type", default="int8", choices=["int8", "float32", "int8_float32", "int16"])
     demo.add_argument("--threads", type=int, default=2)

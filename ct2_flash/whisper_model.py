@@ -24,16 +24,17 @@ import faster_whisper
 import numpy as np
 from faster_whisper import WhisperModel
 
-from .audio import check_features, checked_audio
-from .decoding import SpeculativeDecoder
-from .drafter_files import CheckpointError
-from .drafting import Drafter, DecodingOptions, PromptLookupDrafter
-from .logit_rules import SpecialTokens
-from .models import embedded_name, resolve_model
-from .policy import SpeculationPolicy
-from .stats import SpecStats
-from .target import TargetRuntime
-from .thread_split import measure_split
+from ct2_flash.audio import check_features, checked_audio
+from ct2_flash.runtime.decoding import SpeculativeDecoder
+from ct2_flash.drafting.files import CheckpointError
+from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
+from ct2_flash.runtime.logit_rules import SpecialTokens
+from ct2_flash.engine.models import embedded_name, resolve_model
+from ct2_flash.policy import SpeculationPolicy
+from ct2_flash.runtime.stats import SpecStats
+from ct2_flash.runtime.target import TargetRuntime
+from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
+from ct2_flash.thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
 
@@ -310,7 +311,7 @@ class FlashWhisperModel(WhisperModel):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
-        special, vocabulary = _load_vocabulary(model_path)
+        special, vocabulary = load_vocabulary(model_path)
         drafter = _resolve_drafter(drafter, model_size_or_path, model_path)
         if drafter.vocab_size is not None and drafter.vocab_size != special.vocab_size:
             raise ValueError(
@@ -322,7 +323,7 @@ class FlashWhisperModel(WhisperModel):
             logger.warning("ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",
                            num_draft_tokens, trained, trained)
             num_draft_tokens = trained
-        config = _load_config(model_path)
+        config = load_config(model_path)
         runtime = TargetRuntime(
             self._decoder_model(model_path, decoder_threads),
             model_path,
@@ -448,7 +449,7 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
         drafter = shipped
     if not isinstance(drafter, str):
         raise TypeError(f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}")
-    from .onnx_drafter import OnnxDrafter, has_graphs
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
 
     if not os.path.isdir(drafter):
         raise CheckpointError(f"drafter directory {drafter!r} does not exist")
@@ -457,7 +458,7 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
     # A training checkpoint not yet converted runs in PyTorch (the [train] extra), the slower
     # reference implementation of the same round.
     try:
-        from .flash_drafter import FlashDrafter, load_checkpoint
+        from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
     except ImportError:
         raise CheckpointError(f"drafter {drafter!r} has no exported graphs and PyTorch is not installed to run it "
                               f"as a checkpoint; convert it with: ct2-flash convert-drafter {drafter} OUT "
@@ -469,31 +470,6 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
 
 def _model_width(model_path: str) -> int:
     """d_model of a CTranslate2 Whisper model (read from model.bin's header, no weights)."""
-    from .ct2_weights import CT2ModelFile
+    from ct2_flash.engine.model_files import CT2ModelFile
 
     return int(CT2ModelFile(model_path)["decoder/embeddings/weight"].shape[1])
-
-
-def _load_config(model_path: str) -> Dict[str, Any]:
-    path = os.path.join(model_path, "config.json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as stream:
-        return json.load(stream)
-
-
-def _load_vocabulary(model_path: str):
-    """The CTranslate2 vocabulary (vocabulary.txt or vocabulary.json) and its special ids."""
-    text_path = os.path.join(model_path, "vocabulary.txt")
-    json_path = os.path.join(model_path, "vocabulary.json")
-    if os.path.isfile(text_path):
-        with open(text_path, encoding="utf-8") as stream:
-            tokens = stream.read().split("\n")
-        if tokens and tokens[-1] == "":
-            tokens.pop()
-    elif os.path.isfile(json_path):
-        with open(json_path, encoding="utf-8") as stream:
-            tokens = json.load(stream)
-    else:
-        raise FileNotFoundError(f"no vocabulary.txt or vocabulary.json in {model_path}")
-    return SpecialTokens.from_vocabulary(tokens), tokens

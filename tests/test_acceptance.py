@@ -2,7 +2,7 @@
 
 import pytest
 
-from ct2_flash.acceptance import greedy_accept
+from ct2_flash.runtime.acceptance import greedy_accept
 
 EOT = 50256
 
@@ -39,7 +39,7 @@ import math  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ct2_flash.acceptance import draw, sample_accept  # noqa: E402
+from ct2_flash.runtime.acceptance import draw, sample_accept  # noqa: E402
 
 VOCAB = 6
 SAMPLING_EOT = 5

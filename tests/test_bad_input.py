@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ct2_flash import AudioError, FlashWhisperModel, UnknownModelError, available_models, resolve_model
-from ct2_flash.runtime_check import RuntimeInstallError, missing_features, require_patched_runtime
-from ct2_flash.testing import RandomDrafter
+from ct2_flash.engine.runtime_check import RuntimeInstallError, missing_features, require_patched_runtime
+from ct2_flash.validation.drafters import RandomDrafter
 
 from .conftest import segments_of
 

@@ -9,11 +9,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pytest
 
-from ct2_flash.decoding import SpeculativeDecoder
-from ct2_flash.drafting import Drafter, DraftWindow, DecodingOptions, Proposal
-from ct2_flash.logit_rules import SpecialTokens
-from ct2_flash.stats import SpecStats
-from ct2_flash.target import PrefillResult
+from ct2_flash.runtime.decoding import SpeculativeDecoder
+from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
+from ct2_flash.runtime.logit_rules import SpecialTokens
+from ct2_flash.runtime.stats import SpecStats
+from ct2_flash.runtime.target import PrefillResult
 
 SPECIAL = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, vocab_size=51864)
 PROMPT = [SPECIAL.sot, SPECIAL.no_timestamps]
@@ -184,7 +184,7 @@ def test_cache_always_one_behind_the_text():
 
 
 def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
-    from ct2_flash.decoding import STEP_OVER_VERIFY, DraftGovernor
+    from ct2_flash.runtime.decoding import STEP_OVER_VERIFY, DraftGovernor
 
     # Rounds of 10 ms verification, 1 ms bookkeeping: a plain step would cost 0.55 * 10 + 1 ms.
     plain = STEP_OVER_VERIFY * 0.010 + 0.001
@@ -210,7 +210,7 @@ def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
 
 
 def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatch):
-    from ct2_flash import decoding
+    from ct2_flash.runtime import decoding
 
     verdicts = iter([False, True, True, True])  # the first governor says stop, later ones go on
     monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self, step_seconds=None: next(verdicts))
@@ -312,8 +312,8 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
 def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(monkeypatch, prefixes):
     """Only a drafter whose short proposals are prefixes of long ones (and cheaper) is asked for
     fewer than K; the others compute their K rows whatever the policy would choose."""
-    from ct2_flash import decoding
-    from ct2_flash.draft_length import DraftLengthPolicy
+    from ct2_flash.runtime import decoding
+    from ct2_flash.runtime.draft_length import DraftLengthPolicy
 
     monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self, step_seconds=None: True)
     monkeypatch.setattr(DraftLengthPolicy, "rows", lambda self, limit: min(limit, 2))

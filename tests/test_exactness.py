@@ -20,10 +20,10 @@ import os
 
 import pytest
 
-from ct2_flash.drafting import DecodingOptions
-from ct2_flash.exactness import compare_window
+from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.validation.exactness import compare_window
 from ct2_flash.policy import SpeculationPolicy
-from ct2_flash.testing import OracleDrafter, RandomDrafter, using_drafter
+from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter, using_drafter
 from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
 from .conftest import segments_of

@@ -1,13 +1,13 @@
 """Fuzzed exactness (bounded): random transcribe() options and drafters, float32, against
-faster-whisper on the committed clips (``ct2_flash/fuzzing.py``; the long run is
+faster-whisper on the committed clips (``ct2_flash/validation/fuzzing.py``; the long run is
 ``bench/fuzz_exactness.py``)."""
 
 import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
-from ct2_flash.fuzzing import NOT_SPECULATIVE, random_case, run_case
-from ct2_flash.testing import OracleDrafter, RandomDrafter
+from ct2_flash.validation.fuzzing import NOT_SPECULATIVE, random_case, run_case
+from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 

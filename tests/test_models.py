@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from ct2_flash import models
-from ct2_flash.models import ModelPart, UnknownModelError, resolve_model
+from ct2_flash.engine import models
+from ct2_flash.engine.models import ModelPart, UnknownModelError, resolve_model
 
 
 @pytest.fixture

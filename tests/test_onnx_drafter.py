@@ -13,11 +13,11 @@ onnx = pytest.importorskip("onnx")
 
 from ct2_flash.converters import convert_drafter  # noqa: E402
 from ct2_flash.converters.drafter import FLOAT32_TOLERANCE, validation_windows, verify  # noqa: E402
-from ct2_flash.ct2_weights import CT2ModelFile  # noqa: E402
-from ct2_flash.drafter_files import CheckpointError, DrafterMismatchError, target_identity  # noqa: E402
-from ct2_flash.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
-from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
-from ct2_flash.onnx_drafter import EXPORT_FILE, OnnxDrafter  # noqa: E402
+from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
+from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError, target_identity  # noqa: E402
+from ct2_flash.drafting.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
+from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
+from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OnnxDrafter  # noqa: E402
 from ct2_flash.whisper_model import SHIPPED_DRAFTERS  # noqa: E402
 
 from .conftest import CLIP_PATHS, LONG_PATH, segments_of  # noqa: E402
@@ -163,8 +163,8 @@ def test_model_runs_a_converted_directory_without_pytorch_modules(converted, mod
 def _sampled_pair(out, model_path, rng, frames):
     """A sampled window of random audio (its proposals carry the drafter's logits; a greedy
     one's do not) and the converted drafter ``out`` in both runtimes, float32, uncut."""
-    from ct2_flash.drafting import DraftWindow, DecodingOptions
-    from ct2_flash.flash_drafter import FlashDrafter
+    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.flash_drafter import FlashDrafter
 
     window = DraftWindow(rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362),
                          DecodingOptions(sampling_topk=0), 50256)
@@ -175,7 +175,7 @@ def _sampled_pair(out, model_path, rng, frames):
 
 def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     """advance() after a rollback keeps exactly the rows before the new cache length."""
-    from ct2_flash.drafting import DecodingOptions
+    from ct2_flash.drafting.base import DecodingOptions
 
     out, _ = converted
     rng = np.random.default_rng(0)
@@ -228,7 +228,7 @@ def test_short_blocks_compute_the_rows_asked_for(model_path, converted):
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):
     """With ``audio_window``, a round reads the frames around where the target reads, and
     proposes what the drafter proposes for exactly those frames (audio keys are per frame)."""
-    from ct2_flash.drafting import WINDOW_STRIDE, DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import WINDOW_STRIDE, DraftWindow, DecodingOptions
 
     out, _ = converted
     rng = np.random.default_rng(1)

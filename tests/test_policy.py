@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.draft_length import DraftLengthPolicy
+from ct2_flash.runtime.draft_length import DraftLengthPolicy
 from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, PROBE_BUDGET, SpeculationPolicy
 
 from .conftest import segments_of
@@ -96,7 +96,7 @@ def test_batches_are_compared_with_generate_at_their_own_size():
 @pytest.mark.parametrize("policy", [ForcedGenerate, ForcedSpeculation])
 def test_either_way_gives_faster_whisper_output(float32_pair, clips, policy):
     """A never-agreeing drafter with calls sent to generate() or to the loop: same segments."""
-    from ct2_flash.testing import RandomDrafter
+    from ct2_flash.validation.drafters import RandomDrafter
 
     pair = float32_pair
     flash = pair.flash

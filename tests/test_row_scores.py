@@ -5,7 +5,7 @@ reference of the kernel's order of operations, the ISA rule, and the committed g
 import numpy as np
 import pytest
 
-from ct2_flash.row_scores import LANE_WIDTHS, engine_isa, fold_lanes, log_softmax_at
+from ct2_flash.runtime.row_scores import LANE_WIDTHS, engine_isa, fold_lanes, log_softmax_at
 
 
 def kernel_reference(row: np.ndarray, column: int, isa: str) -> np.float32:
@@ -67,7 +67,7 @@ def test_lane_widths_change_the_score_as_the_kernel_does():
 ])
 def test_engine_isa_follows_ctranslate2s_dispatch(environ, flags, machine, isa):
     if flags is None:  # /proc/cpuinfo unreadable
-        import ct2_flash.row_scores as row_scores
+        import ct2_flash.runtime.row_scores as row_scores
 
         saved, row_scores._cpu_flags = row_scores._cpu_flags, lambda: None
         try:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
-from ct2_flash.drafting import DecodingOptions
-from ct2_flash.testing import OracleDrafter, RandomDrafter
+from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 from .test_acceptance import chi_square_critical
@@ -149,9 +149,9 @@ def test_drafts_drawn_from_the_drafter_obey_the_targets_rules():
     target's rules (given the drafts before it) and temperature; the drafts follow it."""
     import numpy as np
 
-    from ct2_flash.decoding import _Decoding
-    from ct2_flash.drafting import Proposal
-    from ct2_flash.logit_rules import LogitRules, SpecialTokens
+    from ct2_flash.runtime.decoding import _Decoding
+    from ct2_flash.drafting.base import Proposal
+    from ct2_flash.runtime.logit_rules import LogitRules, SpecialTokens
 
     special = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362,
                             vocab_size=51864)

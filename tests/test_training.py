@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ct2_flash.flash_drafter import load_checkpoint  # noqa: E402
+from ct2_flash.drafting.flash_drafter import load_checkpoint  # noqa: E402
 from ct2_flash.train.extract import extract  # noqa: E402
 from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights  # noqa: E402
 
@@ -116,7 +116,7 @@ def test_teacher_distribution_and_audio_frames(teacher_dir, clips):
 
 
 def test_batches_read_the_audio_frames_and_the_padding_the_runtime_sees(teacher_dir):
-    from ct2_flash.drafting import PADDING_FRAMES_SEEN
+    from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
 
     (example,) = load_examples(teacher_dir, "train")
     batch = make_batch([example], k=8, blocks=16, rng=np.random.default_rng(0))
@@ -129,13 +129,13 @@ def test_batches_read_the_audio_frames_and_the_padding_the_runtime_sees(teacher_
 def test_distillation_on_a_one_hot_teacher_is_the_cross_entropy(teacher_dir, model_path):
     import torch
 
-    from ct2_flash.flash_model import DrafterConfig, FlashDrafterModel
-    from ct2_flash.flash_drafter import target_identity
+    from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel
+    from ct2_flash.drafting.flash_drafter import target_identity
     from ct2_flash.train.fit import IGNORE, loss_of
 
     (example,) = load_examples(teacher_dir, "train")
     batch = make_batch([example], k=8, blocks=16, rng=np.random.default_rng(0))
-    from ct2_flash.ct2_weights import CT2ModelFile
+    from ct2_flash.engine.model_files import CT2ModelFile
 
     model = FlashDrafterModel(DrafterConfig(target=target_identity(model_path, "tiny.en"), shortlist_size=51864))
     model.init_from_target(CT2ModelFile(model_path))  # not uniform: every distribution scores differently
@@ -186,7 +186,7 @@ def test_batches_read_the_runtime_window_around_the_anchor_position(teacher_dir)
     """Each block's cross-attention mask is the slice the runtime drafter reads for that anchor
     (all of the utterance's frames for the first anchor, which no verification placed yet), and
     the AnchorDraft labels are the target's frames for the block's labels."""
-    from ct2_flash.drafting import audio_window_span
+    from ct2_flash.drafting.base import audio_window_span
     from ct2_flash.train.fit import drafter_frames
 
     (example,) = load_examples(teacher_dir, "train")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-from ct2_flash.testing import OracleDrafter
+from ct2_flash.validation.drafters import OracleDrafter
 
 from .conftest import segments_of
 
@@ -185,7 +185,7 @@ def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_pat
 
 
 def test_use_drafter_swaps_and_restores(float32_pair, clips):
-    from ct2_flash.testing import RandomDrafter
+    from ct2_flash.validation.drafters import RandomDrafter
 
     flash = float32_pair.flash
     before, adaptive = flash.drafter, flash.model.decoder.adaptive
@@ -232,7 +232,7 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
 
 
 def test_drafter_audio_keeps_a_second_after_the_audio():
-    from ct2_flash.drafting import PADDING_FRAMES_SEEN, DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import PADDING_FRAMES_SEEN, DraftWindow, DecodingOptions
 
     output = np.arange(1500 * 2, dtype=np.float32).reshape(1500, 2)
     assert DraftWindow(output, (1,), DecodingOptions(), 2).drafter_audio().shape == (1500, 2)

@@ -64,7 +64,7 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
     """The drafter for ``FlashWhisperModel(drafter=...)``: ``spec`` itself when there are no
     options (the model resolves it as users' code does), otherwise the Drafter built with them.
     The oracle is built later, on the model's reference (``attach_oracle``)."""
-    from ..drafting import PromptLookupDrafter
+    from ct2_flash.drafting.base import PromptLookupDrafter
 
     options = dict(options)
     if spec == ORACLE:
@@ -73,9 +73,9 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
         return PromptLookupDrafter(**_checked(PromptLookupDrafter, options))
     if not options:
         return spec
-    from ..models import embedded_name
-    from ..onnx_drafter import OnnxDrafter, has_graphs
-    from ..whisper_model import SHIPPED_DRAFTERS
+    from ct2_flash.engine.models import embedded_name
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
+    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
     directory = spec or os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or model_name)
     if not os.path.isfile(os.path.join(directory, "drafter.json")):
@@ -85,7 +85,7 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
     if runtime == "onnx":
         return OnnxDrafter(directory, model_path, **_checked(OnnxDrafter, options, skip=("directory", "model_path")))
-    from ..flash_drafter import FlashDrafter, load_checkpoint
+    from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
 
     return FlashDrafter(load_checkpoint(directory, model_path), **_checked(FlashDrafter, options, skip=("model",)))
 
@@ -94,7 +94,7 @@ def attach_oracle(flash, options: Dict[str, Any]) -> None:
     """Give ``flash`` an ``OracleDrafter`` on its reference model, drafting every round of
     every call (it shows the loop's ceiling, so the policy must not send calls to
     ``generate()`` while it measures)."""
-    from ..testing import OracleDrafter
+    from ct2_flash.validation.drafters import OracleDrafter
 
     flash.decoder.drafter = OracleDrafter(flash.reference_model,
                                                 **_checked(OracleDrafter, options, skip=("reference_model",)))

@@ -21,10 +21,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..measure import Measurement, measure
-from .analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate, word_error_rate_interval
-from .manifest import Utterance
-from .stock import StockWorker
+from ct2_flash.benchmark.measure import Measurement, measure
+from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate, word_error_rate_interval
+from ct2_flash.benchmark.manifest import Utterance
+from ct2_flash.benchmark.stock import StockWorker
 
 SAMPLE_RATE = 16000
 
@@ -113,8 +113,8 @@ def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
 
 
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
-    from ..whisper_model import FlashWhisperModel
-    from .drafters import ORACLE, attach_oracle, build_drafter
+    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.benchmark.drafters import ORACLE, attach_oracle, build_drafter
 
     options = dict(config.drafter_options)
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
@@ -131,7 +131,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     """Measure one (compute type, threads, temperature) setting; returns its report section."""
     from faster_whisper import WhisperModel
 
-    from ..models import resolve_model
+    from ct2_flash.engine.models import resolve_model
 
     path = resolve_model(config.model)
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
@@ -180,7 +180,7 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     """
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from ..models import resolve_model
+    from ct2_flash.engine.models import resolve_model
 
     path = resolve_model(config.model)
     baseline = BatchedInferencePipeline(WhisperModel(path, compute_type=compute_type, cpu_threads=threads))
@@ -382,7 +382,7 @@ def summarise(rows: Sequence[dict]) -> dict:
 def _calibration(rows: Sequence[dict]) -> List[List[dict]]:
     """Per draft position and drafter-confidence bin: judged positions and the observed
     acceptance (a position is judged when every draft before it was accepted)."""
-    from ..draft_length import CONFIDENCE_BINS
+    from ct2_flash.runtime.draft_length import CONFIDENCE_BINS
 
     positions = max((len(r.get("calibration", [])) for r in rows), default=0)
     counts = np.zeros((positions, CONFIDENCE_BINS, 2), dtype=np.int64)

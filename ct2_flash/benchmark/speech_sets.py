@@ -26,7 +26,7 @@ import sys
 import tarfile
 from typing import Dict, List
 
-from .manifest import AUDIO_EXTENSIONS, Utterance, write_manifest
+from ct2_flash.benchmark.manifest import AUDIO_EXTENSIONS, Utterance, write_manifest
 
 logger = logging.getLogger("ct2_flash")
 

@@ -16,7 +16,7 @@ import venv
 
 import numpy as np
 
-from ..measure import Measurement
+from ct2_flash.benchmark.measure import Measurement
 
 # What `pip install faster-whisper` gives today, pinned so the baseline does not drift.
 STOCK_REQUIREMENTS = ("faster-whisper==1.2.1", "ctranslate2==4.8.5")

@@ -8,7 +8,7 @@ each with one JSON line on stdout:
     {"audio": "clip.npy", "options": {"beam_size": 1}, "seed": 0}  -> {"whole": s, "encode": s, "decode": s,
                                                                        "tokens": [[...]], "text": "..."}
 
-Timing is ``ct2_flash/measure.py`` itself, loaded by file path so both environments measure
+Timing is ``ct2_flash/benchmark/measure.py`` itself, loaded by file path so both environments measure
 the same way.
 """
 
@@ -23,7 +23,7 @@ def main() -> None:
     import numpy as np
     from faster_whisper import WhisperModel
 
-    spec = importlib.util.spec_from_file_location("measure", os.path.join(os.path.dirname(__file__), "..", "measure.py"))
+    spec = importlib.util.spec_from_file_location("measure", os.path.join(os.path.dirname(__file__), "measure.py"))
     measure_module = importlib.util.module_from_spec(spec)
     sys.modules["measure"] = measure_module  # dataclasses look their module up there
     spec.loader.exec_module(measure_module)

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from ..drafting import AUDIO_WINDOW
+from ct2_flash.drafting.base import AUDIO_WINDOW
 
 
 def default_data_dir() -> str:
@@ -67,24 +67,24 @@ def main() -> None:
     report.add_argument("--out", required=True, help="where to write the report")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    from .step_lock import step_lock
+    from ct2_flash.train.step_lock import step_lock
 
     if args.step == "synth":
-        from .synth import synthesize
+        from ct2_flash.train.synth import synthesize
 
         with step_lock(args.data, "synth"):
             entries = synthesize(args.data, args.hours, seed=args.seed, workers=args.workers)
         hours = sum(e["seconds"] for e in entries) / 3600
         logging.info("%d utterances, %.2f h in %s", len(entries), hours, args.data)
     elif args.step == "extract":
-        from .extract import extract
+        from ct2_flash.train.extract import extract
 
         with step_lock(args.data, "extract"):
             count = extract(args.data, model_name=args.model, threads=args.threads, batch_size=args.batch_size)
         logging.info("extracted %d utterances into %s", count, args.data)
     elif args.step == "fit":
-        from ..benchmark.speech_sets import SETS, fetch
-        from .fit import FitConfig, fit
+        from ct2_flash.benchmark.speech_sets import SETS, fetch
+        from ct2_flash.train.fit import FitConfig, fit
 
         config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
                            learning_rate=args.lr, warmup_steps=min(150, args.steps // 10),
@@ -99,14 +99,14 @@ def main() -> None:
                        grow=args.grow, real_speech=real_speech)
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
     elif args.step == "export-validation":
-        from .export import export_validation
+        from ct2_flash.train.export import export_validation
 
         logging.info("wrote %s", export_validation(args.data, args.out, args.skip, args.count))
     elif args.step == "ship":
-        from ..converters import convert_drafter
-        from ..models import resolve_model
-        from ..whisper_model import SHIPPED_DRAFTERS
-        from .report import write_report
+        from ct2_flash.converters import convert_drafter
+        from ct2_flash.engine.models import resolve_model
+        from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+        from ct2_flash.train.report import write_report
 
         run = args.run or os.path.join(args.data, "runs", "main")
         destination = os.path.join(SHIPPED_DRAFTERS, args.model)
@@ -115,16 +115,16 @@ def main() -> None:
         write_report(args.data, run, destination)
         logging.info("shipped %s as the default drafter of %s (%s)", run, args.model, destination)
     elif args.step == "snapshot":
-        from ..converters import convert_drafter
-        from ..models import resolve_model
-        from .fit import snapshot
+        from ct2_flash.converters import convert_drafter
+        from ct2_flash.engine.models import resolve_model
+        from ct2_flash.train.fit import snapshot
 
         run = args.run or os.path.join(args.data, "runs", "main")
         snapshot(run, args.out, args.model)
         convert_drafter(args.out, args.out, resolve_model(args.model), force=True)
         logging.info("wrote %s from %s", args.out, run)
     elif args.step == "report":
-        from .report import write_report
+        from ct2_flash.train.report import write_report
 
         path = write_report(args.data, args.run or os.path.join(args.data, "runs", "main"), args.out)
         logging.info("wrote %s", path)

@@ -12,8 +12,8 @@ import wave
 
 import numpy as np
 
-from ..benchmark.manifest import Utterance, write_manifest
-from .synth import SAMPLE_RATE
+from ct2_flash.benchmark.manifest import Utterance, write_manifest
+from ct2_flash.train.synth import SAMPLE_RATE
 
 
 def export_validation(data_dir: str, out_dir: str, skip: int, count: int) -> str:

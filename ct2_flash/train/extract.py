@@ -41,7 +41,7 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
     """
     from tqdm import tqdm
 
-    from ..whisper_model import FlashWhisperModel
+    from ct2_flash.whisper_model import FlashWhisperModel
 
     model = FlashWhisperModel(model_name, compute_type=compute_type, cpu_threads=threads)
     runtime = model.decoder.runtime
@@ -108,7 +108,7 @@ def _extract_group(model, runtime, special, data_dir: str, out_dir: str, entries
 
 def _extract_one(runtime, special, out_dir: str, entry: Dict, features: np.ndarray, encoder_output, prompt: List[int],
                  tokens: List[int], model) -> Dict:
-    from ..whisper_model import audio_frames
+    from ct2_flash.whisper_model import audio_frames
 
     ended = len(tokens) < 224  # stopped on end-of-text, not on the budget
     full = tokens + ([special.eot] if ended else [])

@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from ..ct2_weights import CT2ModelFile
-from ..drafting import AUDIO_WINDOW, PADDING_FRAMES_SEEN, audio_window_span, check_audio_window
-from ..flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, target_identity
-from ..flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
+from ct2_flash.engine.model_files import CT2ModelFile
+from ct2_flash.drafting.base import AUDIO_WINDOW, PADDING_FRAMES_SEEN, audio_window_span, check_audio_window
+from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, target_identity
+from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
 
 IGNORE = -100
 # What reading a damaged teacher file raises (numpy's npz is a zip archive).
@@ -175,9 +175,9 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     from ctranslate2 import StorageView
     from faster_whisper.audio import decode_audio
 
-    from ..benchmark.manifest import read_manifest
-    from ..whisper_model import audio_frames
-    from .extract import prompt_for
+    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.whisper_model import audio_frames
+    from ct2_flash.train.extract import prompt_for
 
     special = target.decoder.runtime.special
     utterances = [utterance for manifest in manifests for utterance in read_manifest(manifest)]
@@ -414,8 +414,8 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
     teacher utterances or real recordings (``speech_windows``)."""
     from ctranslate2 import StorageView
 
-    from ..drafting import DecodingOptions
-    from ..testing import using_drafter
+    from ct2_flash.drafting.base import DecodingOptions
+    from ct2_flash.validation.drafters import using_drafter
 
     model.eval()
     stats = decoder.stats
@@ -496,7 +496,7 @@ def snapshot(run_dir: str, out_dir: str, model_name: str = "tiny.en") -> str:
     Raises:
         FileNotFoundError: the run has no saved state or no best checkpoint yet.
     """
-    from ..models import resolve_model
+    from ct2_flash.engine.models import resolve_model
 
     state_path = os.path.join(run_dir, "train_state")
     if not os.path.isfile(state_path + ".json") or not os.path.isdir(os.path.join(run_dir, "best")):
@@ -532,8 +532,8 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     """
     from tqdm import tqdm
 
-    from ..models import resolve_model
-    from ..whisper_model import FlashWhisperModel
+    from ct2_flash.engine.models import resolve_model
+    from ct2_flash.whisper_model import FlashWhisperModel
 
     torch.set_num_threads(threads)
     model_path = resolve_model(model_name)

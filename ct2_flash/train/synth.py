@@ -29,9 +29,9 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
-from .augment import augment
-from .corpus import is_validation, passages
-from .voices import SAMPLE_RATE, VALIDATION_VOICES, Voice, catalogue, installed, settings, speak
+from ct2_flash.train.augment import augment
+from ct2_flash.train.corpus import is_validation, passages
+from ct2_flash.train.voices import SAMPLE_RATE, VALIDATION_VOICES, Voice, catalogue, installed, settings, speak
 
 MAX_SECONDS = 29.5  # one Whisper window, with room for the end timestamp
 RECIPE = 2

@@ -27,7 +27,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from .augment import SAMPLE_RATE, resample
+from ct2_flash.train.augment import SAMPLE_RATE, resample
 
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")

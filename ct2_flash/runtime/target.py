@@ -20,8 +20,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from .ct2_weights import CT2ModelFile
-from .logit_rules import SpecialTokens
+from ct2_flash.engine.model_files import CT2ModelFile
+from ct2_flash.runtime.logit_rules import SpecialTokens
 
 # Rows of the tied embedding used to recover decoder states from logits. Any d_model
 # independent rows determine the state exactly; 1024 make the solve well conditioned while

@@ -95,7 +95,7 @@ class SpecStats:
 
     def record_confidences(self, log_probs: Sequence[float], accepted: int, rejected: bool) -> None:
         """Count the judged positions of one verified block by confidence bin."""
-        from .draft_length import CONFIDENCE_BINS, DraftLengthPolicy
+        from ct2_flash.runtime.draft_length import CONFIDENCE_BINS, DraftLengthPolicy
 
         bins = DraftLengthPolicy.bins(log_probs[: accepted + int(rejected)])
         while len(self.calibration) < len(log_probs):

@@ -112,7 +112,7 @@ def proposal_rows(config: DrafterConfig, num_tokens: int) -> int:
 
 def target_identity(model_path: str, model_name: str) -> TargetIdentity:
     """Identify a CTranslate2 Whisper model directory for drafter compatibility checks."""
-    from .ct2_weights import CT2ModelFile
+    from ct2_flash.engine.model_files import CT2ModelFile
 
     for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json"):
         path = os.path.join(model_path, name)

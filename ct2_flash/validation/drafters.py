@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import ctranslate2
 import numpy as np
 
-from .drafting import Drafter, DraftWindow, Proposal
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 
 
 class OracleDrafter(Drafter):

@@ -5,6 +5,6 @@ save) that refuses to overwrite an existing output without ``force``. They need 
 ``onnx`` (``pip install 'ct2-flash[train]'``); what they write runs without either.
 """
 
-from .drafter import ConversionError, convert_drafter
+from ct2_flash.converters.drafter import ConversionError, convert_drafter
 
 __all__ = ["ConversionError", "convert_drafter"]

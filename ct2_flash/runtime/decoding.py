@@ -24,12 +24,12 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .acceptance import Acceptance, draw, greedy_accept, sample_accept
-from .draft_length import DraftLengthPolicy
-from .drafting import Drafter, DraftWindow, DecodingOptions
-from .logit_rules import LogitRules, sampling_distribution
-from .stats import SpecStats
-from .target import PromptLayout, TargetRuntime
+from ct2_flash.runtime.acceptance import Acceptance, draw, greedy_accept, sample_accept
+from ct2_flash.runtime.draft_length import DraftLengthPolicy
+from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions
+from ct2_flash.runtime.logit_rules import LogitRules, sampling_distribution
+from ct2_flash.runtime.stats import SpecStats
+from ct2_flash.runtime.target import PromptLayout, TargetRuntime
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ..drafter_files import CONFIG_FILE, WEIGHTS_FILE, read_config
-from ..onnx_drafter import EXPORT_FILE, OPSET, ExportManifest, OnnxDrafter
+from ct2_flash.drafting.files import CONFIG_FILE, WEIGHTS_FILE, read_config
+from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OPSET, ExportManifest, OnnxDrafter
 
 logger = logging.getLogger("ct2_flash")
 
@@ -88,8 +88,8 @@ def convert_drafter(checkpoint: str, output_dir: str, model_path: Optional[str] 
     """
     import torch
 
-    from ..flash_drafter import load_checkpoint, save_checkpoint
-    from ..models import resolve_model
+    from ct2_flash.drafting.flash_drafter import load_checkpoint, save_checkpoint
+    from ct2_flash.engine.models import resolve_model
 
     config = read_config(checkpoint)
     model_path = model_path or resolve_model(config.target.model_name)
@@ -125,7 +125,7 @@ def export_graphs(model, directory: str) -> None:
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .graphs import AudioKeys, HistoryKeys, ProposeBlock, cache_names
+    from ct2_flash.converters.graphs import AudioKeys, HistoryKeys, ProposeBlock, cache_names
 
     config = model.config
     d, layers = config.d_model, config.num_layers
@@ -196,12 +196,12 @@ def validation_windows(model_path: str, audio_paths: Sequence[str]) -> List[Vali
     from faster_whisper import WhisperModel, decode_audio
     from faster_whisper.tokenizer import Tokenizer
 
-    from ..target import TargetRuntime
-    from ..whisper_model import _load_config, _load_vocabulary
+    from ct2_flash.runtime.target import TargetRuntime
+    from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 
     whisper = WhisperModel(model_path, compute_type="float32", cpu_threads=2)
-    special, _ = _load_vocabulary(model_path)
-    config = _load_config(model_path)
+    special, _ = load_vocabulary(model_path)
+    config = load_config(model_path)
     runtime = TargetRuntime(whisper.model, model_path, special, config.get("suppress_ids", ()),
                             config.get("suppress_ids_begin", ()))
     tokenizer = Tokenizer(whisper.hf_tokenizer, whisper.model.is_multilingual, task="transcribe", language="en")
@@ -236,8 +236,8 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
         "top1_agreement_by_position" (by draft position, over the anchors that proposed it),
         "max_log_prob_difference"}: the last is over tokens where both chose the same.
     """
-    from ..drafting import DraftWindow, DecodingOptions
-    from ..flash_drafter import FlashDrafter
+    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.flash_drafter import FlashDrafter
 
     reference = FlashDrafter(model, precision="float32", min_confidence=0.0)
     exported = OnnxDrafter(directory, model_path, precision=precision, min_confidence=0.0)
@@ -274,6 +274,6 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
 
 
 def _bundled_sample() -> str:
-    from ..cli import DEFAULT_SAMPLE
+    from ct2_flash.audio import SAMPLE_AUDIO
 
-    return DEFAULT_SAMPLE
+    return SAMPLE_AUDIO

@@ -30,8 +30,9 @@ import platform
 
 import numpy as np
 
-from .converters.row_graph import GRAPH_FILE
 
+# The graph converters/row_graph.py writes.
+GRAPH_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "row_lane_sums.onnx")
 # CTranslate2's vector width (float32 lanes) per CPU ISA name, as CT2_FORCE_CPU_ISA spells them.
 LANE_WIDTHS = {"GENERIC": 1, "AVX": 8, "AVX2": 8, "AVX512": 16, "NEON": 4}
 

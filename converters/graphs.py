@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..flash_model import FlashDrafterModel
+from ct2_flash.drafting.flash_model import FlashDrafterModel
 
 
 def _check_exportable(model: FlashDrafterModel) -> None:

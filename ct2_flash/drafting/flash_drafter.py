@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .drafting import (Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window, check_round_options,
+from ct2_flash.drafting.base import (Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window, check_round_options,
                        cut_by_confidence)
-from .drafter_files import (  # noqa: F401 (re-exported)
+from ct2_flash.drafting.files import (  # noqa: F401 (re-exported)
     CONFIG_FILE,
     WEIGHTS_FILE,
     CheckpointError,
@@ -34,7 +34,7 @@ from .drafter_files import (  # noqa: F401 (re-exported)
     read_config,
     target_identity,
 )
-from .flash_model import FlashDrafterModel
+from ct2_flash.drafting.flash_model import FlashDrafterModel
 
 # Buffers copied from the target at load time instead of being stored (they are the target's).
 _TARGET_BUFFERS = ("token_embedding", "position_embedding")
@@ -65,7 +65,7 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
         DrafterMismatchError: the drafter was trained for another target (checked before any
             weight is touched, so the error names the difference rather than a shape).
     """
-    from .ct2_weights import CT2ModelFile
+    from ct2_flash.engine.model_files import CT2ModelFile
 
     weights_path = os.path.join(directory, WEIGHTS_FILE)
     config = read_config(directory)
