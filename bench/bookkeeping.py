@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
-import platform
 import time
 
 import numpy as np
+
+from _common import machine, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,14 +114,11 @@ def main() -> None:
         "what": "bookkeeping per target call: in the loop, and the same blocks replayed with warm caches (ms)",
         "speech_set": args.speech_set, "utterances": len(utterances), "compute_type": "int8", "threads": 2,
         "target_calls": calls, "blocks": len(blocks), "rows_per_block": float(np.mean([b[0].shape[0] for b in blocks])),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "in_loop_ms": in_loop,
         "replayed_warm_ms": replayed,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
-    print(json.dumps(document, indent=2))
+    write_result(args.out, document, echo=())
 
 
 if __name__ == "__main__":

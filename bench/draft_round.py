@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import platform
 import statistics
 import time
 from collections import defaultdict
+
+from _common import machine, save_figure, write_result
 
 
 def _timed(owner, name: str, times: list) -> None:
@@ -80,9 +80,7 @@ def _plot_calibration(table, path: str, title: str) -> None:
     axis.set_ylabel("observed acceptance (bins with >= 5 judged)")
     axis.set_title(f"draft calibration: {title}", fontsize=9)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main() -> None:
@@ -159,11 +157,9 @@ def main() -> None:
     document = {"what": "in-loop draft round cost (propose + history update + state recovery) per drafter",
                 "speech_set": args.speech_set if not args.audio else [os.path.basename(p) for p in args.audio],
                 "utterances": len(utterances), "compute_type": args.compute_type,
-                "threads": args.threads, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+                "threads": args.threads, "machine": machine(),
                 "plain_step_ms": step, "results": results}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
     _plot_calibration(results["onnx runtime, int8 graphs, window at the position (default)"]["calibration"], args.out.rsplit(".", 1)[0] + "_calibration.png",
                       f"{'long recordings' if args.audio else args.speech_set}, {args.compute_type}, int8 graphs")
     for name, result in results.items():

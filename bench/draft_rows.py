@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 
 # Sibling scripts (python puts this directory first on the path when a script runs).
 from draft_round import _timed
-from drafter_cost import median_ms
+
+from _common import machine, median_ms, write_result
 
 
 def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
@@ -76,7 +76,7 @@ def main() -> None:
     document = {"what": __doc__.split("\n")[0], "drafter": os.path.abspath(args.drafter),
                 "utterances": len(utterances), "speech_sets": args.speech_sets, "every": args.every,
                 "threads": args.threads, "repeats": args.repeats,
-                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}, "results": {}}
+                "machine": machine(), "results": {}}
     for compute_type in args.compute_types:
         flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=args.threads)
         flash.model.policy.speculate = lambda batch_size: True  # every call through the loop
@@ -120,9 +120,7 @@ def main() -> None:
         }
         print(compute_type, json.dumps(document["results"][compute_type]["decode_speedup_per_repeat"]),
               {name: round(statistics.fmean(r["proposal_ms"] for r in values), 2) for name, values in runs.items()})
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
 
 
 if __name__ == "__main__":

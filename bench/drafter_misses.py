@@ -19,10 +19,10 @@ network at float32 with its shortlist, and the same network scoring the whole vo
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 from collections import Counter
+
+from _common import machine, write_result
 
 
 def token_kind(token: int, special, tokenizer) -> str:
@@ -116,7 +116,7 @@ def main() -> None:
     }
     document = {"what": __doc__.split("\n")[0], "drafter": os.path.relpath(directory), "speech_sets": args.speech_sets,
                 "utterances": len(utterances), "shortlist_size": len(shortlist) if shortlist else None,
-                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}, "systems": {}}
+                "machine": machine(), "systems": {}}
     for name, build in systems.items():
         calls: list = []
         with flash.use_drafter(recorded(build(), calls), adaptive=False):
@@ -132,9 +132,7 @@ def main() -> None:
         print(f"{name}: first-position acceptance {result['first_position_acceptance']:.3f}, "
               f"{result['tokens_per_target_call']:.2f} tokens per target call, "
               f"{result['targets_outside_shortlist']:.1%} of first-position targets outside the shortlist")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
 
 
 if __name__ == "__main__":

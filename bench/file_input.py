@@ -24,17 +24,11 @@ import gc
 import glob
 import json
 import os
-import platform
 import statistics
-import time
+
+from _common import machine, timed, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _seconds(function, *args, **kwargs):
-    started = time.perf_counter()
-    result = function(*args, **kwargs)
-    return time.perf_counter() - started, result
 
 
 def main() -> None:
@@ -69,8 +63,8 @@ def main() -> None:
         runs = {"read_faster_whisper": [], "read_ct2_flash": [], "whole_faster_whisper": [], "whole_ct2_flash": []}
         identical = True
         for _ in range(args.repeats):  # interleaved, so load drift hits both alike
-            runs["read_faster_whisper"].append(_seconds(decode_audio, audio, sampling_rate=16000)[0])
-            runs["read_ct2_flash"].append(_seconds(checked_audio, audio, 16000)[0])
+            runs["read_faster_whisper"].append(timed(lambda: decode_audio(audio, sampling_rate=16000))[0])
+            runs["read_ct2_flash"].append(timed(lambda: checked_audio(audio, 16000))[0])
             base, got = measure(baseline, audio, **transcribe), measure(flash, audio, **transcribe)
             runs["whole_faster_whisper"].append(base.whole_seconds)
             runs["whole_ct2_flash"].append(got.whole_seconds)
@@ -88,7 +82,7 @@ def main() -> None:
         "what": "reading audio files and transcribing from a path: faster-whisper vs ct2-flash (medians per file)",
         "compute_type": args.compute_type, "threads": args.threads, "repeats": args.repeats,
         "objects_tracked_by_gc": objects,
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "summary": {
             "files": len(rows), "identical": sum(row["identical"] for row in rows),
             "read_ms_median": {"faster_whisper": 1e3 * statistics.median(column("read_faster_whisper")),
@@ -98,9 +92,7 @@ def main() -> None:
         },
         "files": rows,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
     print(json.dumps(document["summary"], indent=2))
 
 

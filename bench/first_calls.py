@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+
+from _common import machine, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,13 +87,11 @@ def main() -> None:
     document = {
         "what": "one transcription per new model, against faster-whisper on the same engine (speedup = faster-whisper / system)",
         "speech_set": args.speech_set, "compute_type": args.compute_type, "threads": args.threads,
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "identical": sum(row["identical"] for row in rows), "files": len(rows),
         "summary": summary, "files_measured": rows,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
     print(json.dumps(summary, indent=2))
 
 

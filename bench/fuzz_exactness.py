@@ -23,6 +23,8 @@ import json
 import os
 from collections import Counter
 
+from _common import write_result
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,9 +110,7 @@ def main() -> None:
         "options_drawn": dict(options),
         "differing": [r for r in records if not r["identical"]],
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(summary, stream, indent=2)
+    write_result(args.out, summary)
     print(f"{summary['identical']}/{summary['cases']} identical; {summary['speculative_cases']} speculative, "
           f"{summary['fallback_cases']} left to CTranslate2")
 

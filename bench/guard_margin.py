@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from collections import defaultdict
 
 import numpy as np
+
+from _common import machine, save_figure, write_result
 
 
 def _record_verifications(runtime, calls: list):
@@ -189,24 +189,13 @@ def main() -> None:
     document = {"what": "verified row vs single step: decision-relevant deviation by block position (logits)",
                 "model": "tiny.en", "compute_type": compute_type, "speech_sets": args.speech_set,
                 "utterances": len(utterances), "rows": len(found), "safety": args.safety,
-                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "flags": _cpu_flags()},
+                "machine": machine(),
                 "deviation_by_position": summary, "margins": margins, "evaluation": evaluation}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
     _plot(by_position, margins, args.out.rsplit(".", 1)[0] + ".png", args.compute_type)
     best = max(result["identical"] for result in evaluation.values())
     print("smallest margin with the most identical windows:",
           next(name for name, _ in candidates if evaluation[name]["identical"] == best))
-
-
-def _cpu_flags() -> list:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as stream:
-            flags = next(line for line in stream if line.startswith("flags")).split(":")[1].split()
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))
 
 
 def _plot(by_position, margins, path: str, compute_type: str) -> None:
@@ -223,9 +212,7 @@ def _plot(by_position, margins, path: str, compute_type: str) -> None:
     axis.set_ylabel("|row - single step| on the decision (logits)")
     axis.set_title(f"tiny.en {compute_type}: verified rows against single steps", fontsize=9)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,13 @@ History 100 positions; the default audio window around the target's position
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import tempfile
-import time
 
 import numpy as np
+
+from _common import lowest_median_ms, machine, timed, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = 100
@@ -77,26 +76,13 @@ def _time_round(drafter, window, states: np.ndarray, num_tokens: int, repeats: i
     def round_() -> float:
         if between is not None:
             between()
-        started = time.perf_counter()
-        drafter.advance(states[HISTORY - 1 : HISTORY], start + HISTORY)
-        drafter.propose(generated, num_tokens)
-        return time.perf_counter() - started
+        seconds, _ = timed(lambda: (drafter.advance(states[HISTORY - 1 : HISTORY], start + HISTORY),
+                                    drafter.propose(generated, num_tokens)))
+        return seconds
 
     for _ in range(5):
         round_()
     return 1000 * min(statistics.median(round_() for _ in range(max(1, repeats // 4))) for _ in range(4))
-
-
-def _median_ms(function, repeats: int) -> float:
-    """The lowest of four medians of ``repeats / 4`` timed calls, after five untimed ones."""
-    def timed() -> float:
-        started = time.perf_counter()
-        function()
-        return time.perf_counter() - started
-
-    for _ in range(5):
-        function()
-    return 1000 * min(statistics.median(timed() for _ in range(max(1, repeats // 4))) for _ in range(4))
 
 
 def main() -> None:
@@ -129,8 +115,8 @@ def main() -> None:
         sequence.rollback(length)
 
     # The target's own costs first, before any drafter session exists.
-    plain_step_ms = _median_ms(lambda: (sequence.verify(tokens[:1]), sequence.rollback(length)), args.repeats)
-    verify_9_ms = _median_ms(verification, args.repeats)
+    plain_step_ms = lowest_median_ms(lambda: (sequence.verify(tokens[:1]), sequence.rollback(length)), args.repeats)
+    verify_9_ms = lowest_median_ms(verification, args.repeats)
     rng = np.random.default_rng(0)
     window = DraftWindow(encoder_output=np.asarray(encoder_output)[0], prompt=tuple(prompt), options=DecodingOptions(),
                          eot=runtime.special.eot, audio_frames=None)
@@ -158,12 +144,10 @@ def main() -> None:
         "plain_step_ms": plain_step_ms,
         "verify_9_ms": verify_9_ms,
         "history_positions": HISTORY, "audio_window": list(AUDIO_WINDOW),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "results": results,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
     print(f"wrote {args.out}")
 
 

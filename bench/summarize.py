@@ -32,11 +32,14 @@ def table(path: str) -> str:
         def rate(value):
             return f"{value:.1%}" if value is not None else "-"
 
+        def number(value):
+            return f"{value:.2f}" if value is not None else "-"
+
         lines.append(
-            f"| {setting['compute_type']}, {setting['threads']} thr | {summary['utterances']} | {summary['audio_seconds']:.0f} "
+            f"| {setting['compute_type']}, {setting['threads']} thr | {summary['utterances']} | {number(summary['audio_seconds'])} "
             f"| {_interval(summary['speedup']['decode'])} | {_interval(summary['speedup']['whole'])} | {stock_text} "
             f"| {identity['identical']}/{identity['of']} | {rate(summary['acceptance_rate'])} "
-            f"| {rate(summary['first_position_acceptance'])} | {summary['tokens_per_target_call']:.2f} | {wer_text} |")
+            f"| {rate(summary['first_position_acceptance'])} | {number(summary['tokens_per_target_call'])} | {wer_text} |")
         for section in setting.get("batched", []):
             identity = section["token_identity"]
             lines.append(f"| ↳ batched, batch {section['batch_size']} | | | {_interval(section['speedup']['decode'])} "

@@ -11,11 +11,10 @@ steps aside (a call that finds it busy goes to ``generate()``). Writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import threading
 import time
+
+from _common import machine, write_result
 
 
 def run(model, clips, workers: int) -> float:
@@ -84,11 +83,9 @@ def main() -> None:
         print(row)
     document = {"what": "throughput of threads sharing one model, faster-whisper vs ct2-flash (best of repeats)",
                 "compute_type": args.compute_type, "cpu_threads": args.cpu_threads, "audio_seconds": seconds,
-                "utterances": len(clips), "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+                "utterances": len(clips), "machine": machine(),
                 "results": results}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
 
 
 if __name__ == "__main__":

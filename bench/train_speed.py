@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import platform
 import statistics
 import time
+
+from _common import machine, write_result
 
 
 def main() -> None:
@@ -86,11 +85,9 @@ def main() -> None:
     document = {"what": "drafter training wall time per update (batch loading + forward + backward + AdamW)",
                 "utterances": len(examples), "batch_size": args.batch_size, "blocks_per_utterance": 16,
                 "threads": args.threads, "steps_timed": args.steps,
-                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
+                "machine": machine(),
                 "results": results}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=2)
+    write_result(args.out, document)
 
 
 if __name__ == "__main__":

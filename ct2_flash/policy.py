@@ -13,7 +13,7 @@ same either way: ``generate()`` is the call faster-whisper itself makes.
 loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later. A process that
 transcribes one short file (a command-line run, a serverless call) makes only a few calls, and
 a first call through a loop that does not pay made such a process slower than faster-whisper
-(README, "Speed today"); a loop that pays starts a few calls late.
+(docs/measurements.md); a loop that pays starts a few calls late.
 
 Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
 The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles

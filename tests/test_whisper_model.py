@@ -312,7 +312,7 @@ def test_transcribe_command_writes_what_faster_whisper_segments_give(float32_pai
             expected = writer(segments, info)
             if format_name == "json":
                 # Scores match CTranslate2's within 1e-4 and no-speech probabilities within 1e-6
-                # (the README's exactness section); everything else exactly.
+                # (docs/exactness.md); everything else exactly.
                 written, expected = json.loads(written), json.loads(expected)
                 for ours, theirs in zip(written["segments"], expected["segments"]):
                     for key, tolerance in (("avg_logprob", 1e-4), ("no_speech_prob", 1e-6)):

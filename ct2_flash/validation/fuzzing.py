@@ -5,7 +5,7 @@ oracle with 25% injected errors, or a random one). The speculative model drafts 
 (no policy), so the loop decides every window it can; options the loop does not implement
 (``repetition_penalty``, ``no_repeat_ngram_size``, beam search) must fall back to CTranslate2
 and say so. At float32 the segments must equal faster-whisper's: text, tokens, times and words
-exactly; scores and probabilities within 1e-4 (the README's exactness section).
+exactly; scores and probabilities within 1e-4 (docs/exactness.md).
 
 Temperature stays 0 (one value, or a list whose thresholds are off so that no retry samples):
 sampled retries draw from another random stream than CTranslate2's, so they are compared in

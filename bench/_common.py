@@ -1,0 +1,79 @@
+"""What every benchmark script shares: the machine it ran on, timing a call, writing a result.
+
+Scripts here run as ``python bench/NAME.py`` (this folder is then first on ``sys.path``), so they
+import these with ``from _common import ...``. Benchmarks compare systems as ratios from one
+run; the functions below only time and record, they never decide what is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+
+def machine() -> Dict[str, Any]:
+    """The CPU a figure came from (these machines change CPU between sessions: name it)."""
+    model, flags = "", []
+    wanted = ("avx2", "avx512f", "avx512_vnni", "amx_int8", "avx_vnni")
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = [flag for flag in value.split() if flag in wanted]
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor(), "isa_flags": flags, "cpu_count": os.cpu_count(),
+            "platform": platform.platform()}
+
+
+def timed(function: Callable[[], Any]) -> Tuple[float, Any]:
+    """(wall seconds, result) of one call."""
+    started = time.perf_counter()
+    result = function()
+    return time.perf_counter() - started, result
+
+
+def median_ms(function: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``function()`` in ms over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        function()
+    return 1000 * statistics.median(timed(function)[0] for _ in range(repeats))
+
+
+def lowest_median_ms(function: Callable[[], Any], repeats: int, groups: int = 4, warmup: int = 5) -> float:
+    """The lowest of ``groups`` medians of ``repeats / groups`` timed calls: other work on the
+    two cores only ever adds time, so the quietest group is the closest to the cost itself."""
+    for _ in range(warmup):
+        function()
+    per_group = max(1, repeats // groups)
+    return 1000 * min(statistics.median(timed(function)[0] for _ in range(per_group)) for _ in range(groups))
+
+
+def write_result(path: str, document: Dict[str, Any], echo: Optional[Iterable[str]] = None) -> None:
+    """Write ``document`` as JSON to ``path`` (folders made as needed), with ``machine()`` added
+    unless it names its own; print the keys in ``echo`` (all of it for ``echo=()``)."""
+    document.setdefault("machine", machine())
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=2)
+    if echo is not None:
+        keys = list(echo)
+        print(json.dumps({key: document[key] for key in keys} if keys else document, indent=2))
+
+
+def save_figure(figure, path: str) -> None:
+    """Lay out, write (110 dpi PNG, folders made as needed) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
