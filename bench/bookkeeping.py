@@ -63,11 +63,11 @@ def main() -> None:
     model = FlashWhisperModel("tiny.en", compute_type="int8", cpu_threads=2)
     runtime = model.decoder.runtime
     blocks = []
-    emit = decoding._Decoding.emit
+    accept = decoding._Decoding.accept
 
-    def recording_emit(state, drafts, logits, stats, guard_margin=None, draft_probs=None):
-        blocks.append((logits.copy(), list(state.generated), list(drafts), state.rules, state.options, guard_margin))
-        return emit(state, drafts, logits, stats, guard_margin, draft_probs)
+    def recording_accept(state, draft, logits, stats):
+        blocks.append((logits.copy(), list(state.generated), draft, state.rules, state.options, state.strategy))
+        return accept(state, draft, logits, stats)
 
     def transcribe_all() -> None:
         with model.use_drafter(model.drafter):  # every round drafts
@@ -77,12 +77,12 @@ def main() -> None:
     transcribe_all()  # warm-up
     totals: collections.Counter = collections.Counter()
     patched: list = []
-    _timed(decoding._Decoding, "emit", "emit (rules, choice, margins, scores)", totals, patched)
+    _timed(decoding._Decoding, "accept", "accept (rules, choice, margins, scores)", totals, patched)
     _timed(logit_rules.LogitRules, "_timestamp_rules_block", "of which timestamp rules and choice", totals, patched)
     _timed(logit_rules.BlockChoice, "log_probs", "of which scores of the emitted tokens", totals, patched)
     _timed(logit_rules.BlockChoice, "margins", "of which the guard's margins", totals, patched)
     _timed(runtime, "state_columns", "state columns", totals, patched)
-    _timed(decoding.SpeculativeDecoder, "_record", "counters and draft-length policy", totals, patched)
+    _timed(decoding.SpeculativeDecoder, "_learn", "counters, draft-length policy and governor", totals, patched)
     model.reset_spec_stats()
     transcribe_all()
     for owner, name, function in reversed(patched):
@@ -94,20 +94,21 @@ def main() -> None:
 
     # Replay: the same blocks, recorded in one more pass, then run one after another (rows
     # copied fresh each time, as the engine hands over new ones).
-    decoding._Decoding.emit = recording_emit
+    decoding._Decoding.accept = recording_accept
     try:
         transcribe_all()
     finally:
-        decoding._Decoding.emit = emit
+        decoding._Decoding.accept = accept
     replay: collections.Counter = collections.Counter()
     for _ in range(3):
-        for logits, generated, drafts, rules, options, guard in blocks:
+        for logits, generated, draft, rules, options, strategy in blocks:
             rows = logits.copy()
-            state = decoding._Decoding(rules=rules, generated=list(generated), options=options, steps_left=1 << 20)
+            state = decoding._Decoding(rules=rules, generated=list(generated), options=options, strategy=strategy,
+                                       steps_left=1 << 20)
             started = time.perf_counter()
             runtime.state_columns(rows)
-            state.emit(drafts, rows, SpecStats(), guard)
-            replay["emit and state columns"] += time.perf_counter() - started
+            state.accept(draft, rows, SpecStats())
+            replay["accept and state columns"] += time.perf_counter() - started
     replayed = {key: 1000 * seconds / (3 * len(blocks)) for key, seconds in replay.items()}
 
     document = {

@@ -88,7 +88,6 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.validation.drafters import using_drafter
     from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,7 +129,7 @@ def main() -> None:
             for method in ("propose", "advance", "begin"):
                 _timed(drafter, method, times[method])
         _timed(decoder.runtime, "states_from_columns", times["recovery"])
-        with using_drafter(decoder, drafter):
+        with decoder.use_drafter(drafter):
             list(flash.transcribe(audio[utterances[0].path], beam_size=1)[0])  # warm-up
             for values in times.values():
                 values.clear()

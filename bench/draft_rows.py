@@ -51,7 +51,8 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
 
 def main() -> None:
     from ct2_flash import FlashWhisperModel, resolve_model
-    from ct2_flash.runtime import decoding
+    from ct2_flash.runtime import governor
+    from ct2_flash.runtime.draft_length import DraftLengthPolicy
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
@@ -72,7 +73,7 @@ def main() -> None:
     model_path = resolve_model("tiny.en")
     # Both arms draft every round: a window the governor stopped would decode plain steps in one
     # arm and not the other.
-    decoding.DraftGovernor.pays = lambda self, step_seconds=None: True
+    governor.DraftGovernor.pays = lambda self, step_seconds=None: True
     document = {"what": __doc__.split("\n")[0], "drafter": os.path.abspath(args.drafter),
                 "utterances": len(utterances), "speech_sets": args.speech_sets, "every": args.every,
                 "threads": args.threads, "repeats": args.repeats,
@@ -95,7 +96,7 @@ def main() -> None:
             list(flash.transcribe(audio[utterances[0].path], beam_size=1, temperature=0.0)[0])  # warm-up
             for _ in range(args.repeats):
                 for name, rows in arms.items():
-                    flash.decoder.lengths = decoding.DraftLengthPolicy()  # each arm learns afresh
+                    flash.decoder.lengths = DraftLengthPolicy()  # each arm learns afresh
                     if rows is not None:
                         flash.decoder.lengths.rows = rows
                     flash.reset_spec_stats()

@@ -123,7 +123,7 @@ def main() -> None:
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.drafting.base import DecodingOptions
     from ct2_flash.validation.exactness import compare_window
-    from ct2_flash.validation.drafters import OracleDrafter, using_drafter
+    from ct2_flash.validation.drafters import OracleDrafter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", nargs="+", default=["mfa", "pocketsphinx"])
@@ -147,7 +147,7 @@ def main() -> None:
     # The shipped drafter's rounds and an oracle's long accepted blocks leave different cache
     # histories; both count.
     for drafter in (decoder.drafter, OracleDrafter(flash.reference_model, error_rate=0.25, seed=3)):
-        with using_drafter(decoder, drafter):
+        with decoder.use_drafter(drafter):
             for utterance in utterances:
                 encoder_output = flash.encode_window(audio[utterance.path])
                 for prompt in prompts:
@@ -166,8 +166,10 @@ def main() -> None:
     evaluation = {}
     candidates = [("derived", tuple(margins)), ("fixed 1.0", 1.0), ("fixed 1.5", 1.5), ("fixed 2.0", 2.0), ("fixed 3.0", 3.0)]
     for name, guard in candidates:
-        decoder.guard_margin = guard
-        flash.reset_spec_stats()
+        # The margin is a constructor argument: one model per candidate, on the same engine settings.
+        flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
+                                  decoder_threads=None, adaptive=False, guard_margin=guard)
+        decoder = flash.decoder
         identical = total = 0
         differences = []  # the target's own top-2 margin where a window first differs
         for utterance in utterances:

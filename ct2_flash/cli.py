@@ -11,6 +11,8 @@ import statistics
 import sys
 from typing import List, Optional
 
+from ct2_flash.audio import SAMPLE_AUDIO
+
 
 
 def _demo(args: argparse.Namespace) -> int:

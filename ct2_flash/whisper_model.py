@@ -10,14 +10,12 @@ word timestamps, prompts, fallback, long audio) behaves as in faster-whisper.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import ctranslate2
 import faster_whisper
@@ -28,7 +26,6 @@ from ct2_flash.audio import check_features, checked_audio
 from ct2_flash.runtime.decoding import SpeculativeDecoder
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
-from ct2_flash.runtime.logit_rules import SpecialTokens
 from ct2_flash.engine.models import embedded_name, resolve_model
 from ct2_flash.policy import SpeculationPolicy
 from ct2_flash.runtime.stats import SpecStats
@@ -259,7 +256,7 @@ class FlashWhisperModel(WhisperModel):
             slower per token, and until it has been measured (``policy.SpeculationPolicy``:
             ``generate()`` first, the loop measured a few calls later), and pause drafting
             inside a window while it measures slower than plain steps
-            (``decoding.DraftGovernor``). The tokens are the same either way. False drafts
+            (``governor.DraftGovernor``). The tokens are the same either way. False drafts
             every round of every call.
         decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
             with this many CTranslate2 threads, while encoding (and any call that is not
@@ -400,19 +397,15 @@ class FlashWhisperModel(WhisperModel):
         ``generate()``, alignment): plain greedy on it is the output ct2-flash must equal."""
         return self.model._model
 
-    @contextlib.contextmanager
-    def use_drafter(self, drafter: Drafter, adaptive: bool = False) -> Iterator[Drafter]:
-        """Decode with ``drafter`` inside the block, then restore the model's own.
+    def use_drafter(self, drafter: Drafter, adaptive: bool = False,
+                    num_draft_tokens: Optional[int] = None) -> ContextManager[Drafter]:
+        """Decode with ``drafter`` inside the block, then restore the model's own
+        (``SpeculativeDecoder.use_drafter``: the vocabulary and K are checked).
 
         ``adaptive`` is off by default so that every call drafts every round: comparing
         drafters wants them exercised, not the timing-dependent policy and governor.
         """
-        decoder = self.decoder
-        if drafter.vocab_size is not None and drafter.vocab_size != decoder.runtime.special.vocab_size:
-            raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, "
-                             f"the model has {decoder.runtime.special.vocab_size}")
-        with decoder.drafting(drafter, adaptive):
-            yield drafter
+        return self.decoder.use_drafter(drafter, adaptive, num_draft_tokens)
 
     @property
     def spec_stats(self) -> SpecStats:

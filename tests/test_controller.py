@@ -184,7 +184,7 @@ def test_cache_always_one_behind_the_text():
 
 
 def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
-    from ct2_flash.runtime.decoding import STEP_OVER_VERIFY, DraftGovernor
+    from ct2_flash.runtime.governor import STEP_OVER_VERIFY, DraftGovernor
 
     # Rounds of 10 ms verification, 1 ms bookkeeping: a plain step would cost 0.55 * 10 + 1 ms.
     plain = STEP_OVER_VERIFY * 0.010 + 0.001
@@ -210,11 +210,11 @@ def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
 
 
 def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatch):
-    from ct2_flash.runtime import decoding
+    from ct2_flash.runtime import governor
 
     verdicts = iter([False, True, True, True])  # the first governor says stop, later ones go on
-    monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self, step_seconds=None: next(verdicts))
-    monkeypatch.setattr(decoding, "RESUME_AFTER_TOKENS", 2)
+    monkeypatch.setattr(governor.DraftGovernor, "pays", lambda self, step_seconds=None: next(verdicts))
+    monkeypatch.setattr(governor, "RESUME_AFTER_TOKENS", 2)
     drafter, runtime, stats = ScriptDrafter(), FakeRuntime(), SpecStats()
     decoder = SpeculativeDecoder(runtime, drafter, 2, stats, adaptive=True)
     result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
@@ -312,10 +312,10 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
 def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(monkeypatch, prefixes):
     """Only a drafter whose short proposals are prefixes of long ones (and cheaper) is asked for
     fewer than K; the others compute their K rows whatever the policy would choose."""
-    from ct2_flash.runtime import decoding
+    from ct2_flash.runtime import governor
     from ct2_flash.runtime.draft_length import DraftLengthPolicy
 
-    monkeypatch.setattr(decoding.DraftGovernor, "pays", lambda self, step_seconds=None: True)
+    monkeypatch.setattr(governor.DraftGovernor, "pays", lambda self, step_seconds=None: True)
     monkeypatch.setattr(DraftLengthPolicy, "rows", lambda self, limit: min(limit, 2))
     drafter = ScriptDrafter(wrong_at=range(2, 20, 2))
     drafter.proposes_prefixes = prefixes

@@ -23,7 +23,7 @@ import pytest
 from ct2_flash.drafting.base import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
 from ct2_flash.policy import SpeculationPolicy
-from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter, using_drafter
+from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
 from .conftest import segments_of
@@ -70,30 +70,26 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
         pytest.skip("int8 is checked per window by test_int8_differences_are_ambiguous")
     flash = pair.flash
     decoder = flash.decoder
-    saved = (decoder.drafter, decoder.num_draft_tokens, decoder.adaptive)
     if kind.startswith("default"):
         assert type(decoder.drafter).__name__ == ("OnnxDrafter" if SHIPPED else "PromptLookupDrafter")
-    else:
-        decoder.drafter = drafter_for(kind, pair)
+    drafter = decoder.drafter if kind.startswith("default") else drafter_for(kind, pair)
     # Draft every round, the point being to stress the loop, except in the users' setting,
     # where the governor and the draft-length policy decide inside speculative calls (every
     # call is speculative here: the policy would send most of them to generate()).
-    decoder.adaptive = kind == "default-adaptive"
     saved_policy = flash.model.policy
     if kind == "default-adaptive":
         flash.model.policy = AlwaysSpeculate()
-    decoder.num_draft_tokens = k
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)
     try:
         mismatches = []
-        for name, audio in clips.items():
-            expected = pair.reference(name, audio, **options)
-            got = segments_of(flash, audio, **options)
-            if got != expected:
-                mismatches.append((name, expected, got))
+        with flash.use_drafter(drafter, adaptive=kind == "default-adaptive", num_draft_tokens=k):
+            for name, audio in clips.items():
+                expected = pair.reference(name, audio, **options)
+                got = segments_of(flash, audio, **options)
+                if got != expected:
+                    mismatches.append((name, expected, got))
     finally:
-        decoder.drafter, decoder.num_draft_tokens, decoder.adaptive = saved
         flash.model.policy = saved_policy
     assert not mismatches, f"{pair.compute_type}: {len(mismatches)} clip(s) differ: {mismatches[0]}"
     stats = flash.spec_stats
@@ -117,7 +113,7 @@ def test_int8_differences_are_ambiguous(model_path, clips, kind):
     comparisons = []
     drafter = drafter_for(kind, pair) or decoder.drafter
     previous = flash.hf_tokenizer.encode(" We talked about trains, museums and budgets.", add_special_tokens=False).ids
-    with using_drafter(decoder, drafter):
+    with decoder.use_drafter(drafter):
         for name, audio in clips.items():
             encoder_output = flash.encode_window(audio)
             # timestamps on and off, each plain and after previous text

@@ -59,7 +59,7 @@ def test_word_timestamps_identical_while_positions_are_tracked(float32_pair, cli
     decoder = flash.model.decoder
     audio = clips["clip10_awb.ogg"]
     expected = words_of(float32_pair.baseline, audio, beam_size=1, word_timestamps=True)
-    with decoder.drafting(decoder.drafter, adaptive=False):
+    with decoder.use_drafter(decoder.drafter, adaptive=False):
         assert decoder.drafter.wants_position
         assert words_of(flash, audio, beam_size=1, word_timestamps=True) == expected
         assert decoder.runtime.tracking_positions
@@ -224,7 +224,7 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
     decoder.decode = lambda *args, **kwargs: seen.append(kwargs["audio_frames"]) or decode(*args, **kwargs)
     try:
         # Not adaptive: the policy may have sent such calls to generate() after earlier tests.
-        with decoder.drafting(decoder.drafter, adaptive=False):
+        with decoder.use_drafter(decoder.drafter, adaptive=False):
             list(flash.transcribe(audio, beam_size=1)[0])
     finally:
         del decoder.decode

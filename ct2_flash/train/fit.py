@@ -415,13 +415,12 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
     from ctranslate2 import StorageView
 
     from ct2_flash.drafting.base import DecodingOptions
-    from ct2_flash.validation.drafters import using_drafter
-
+    
     model.eval()
     stats = decoder.stats
     stats.reset()
     # Every round drafts all K (no governor, no confidence cut): the network is what is judged.
-    with using_drafter(decoder, FlashDrafter(model, min_confidence=0.0, audio_window=audio_window)):
+    with decoder.use_drafter(FlashDrafter(model, min_confidence=0.0, audio_window=audio_window)):
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
             decoder.decode(encoder_output, [int(t) for t in example.prompt], DecodingOptions(),

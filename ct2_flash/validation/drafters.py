@@ -7,8 +7,7 @@ tests do. The benchmark uses the oracle to measure the loop's ceiling.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import ctranslate2
 import numpy as np
@@ -73,15 +72,3 @@ class RandomDrafter(Drafter):
 
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
         return Proposal(tokens=tuple(int(t) for t in self._rng.integers(0, self._vocab, size=num_tokens)))
-
-
-@contextlib.contextmanager
-def using_drafter(decoder, drafter: Drafter, adaptive: bool = False) -> Iterator[Drafter]:
-    """Run ``decoder`` (a ``SpeculativeDecoder``) with ``drafter``, restoring the old one after.
-
-    ``adaptive`` is off by default so that every round drafts: tests and validation want the
-    drafter exercised, not the timing-dependent governor.
-    """
-    with decoder.drafting(drafter, adaptive):
-        yield drafter
-
