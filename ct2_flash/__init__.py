@@ -8,30 +8,33 @@ from ct2_flash.engine.runtime_check import RuntimeInstallError, require_patched_
 
 require_patched_runtime()
 
-from ct2_flash.runtime.acceptance import Acceptance, greedy_accept, sample_accept  # noqa: E402
 from ct2_flash.audio import AudioError  # noqa: E402
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
+from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError  # noqa: E402
 from ct2_flash.engine.models import UnknownModelError, available_models, resolve_model  # noqa: E402
+from ct2_flash.runtime.decoding import SpeculativeDecoder  # noqa: E402
 from ct2_flash.runtime.stats import SpecStats  # noqa: E402
-from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel  # noqa: E402
+from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, load_drafter  # noqa: E402
 
+# What users need: the model and its pipeline, the loop and its counters, drafters (the
+# interface, the built-in one, the loader), models, and the errors they may meet.
 __all__ = [
-    "Acceptance",
     "AudioError",
     "BatchedInferencePipeline",
-    "Drafter",
-    "DraftWindow",
-    "FlashWhisperModel",
+    "CheckpointError",
     "DecodingOptions",
+    "DraftWindow",
+    "Drafter",
+    "DrafterMismatchError",
+    "FlashWhisperModel",
     "PromptLookupDrafter",
     "Proposal",
     "RuntimeInstallError",
     "SpecStats",
+    "SpeculativeDecoder",
     "UnknownModelError",
     "available_models",
-    "greedy_accept",
-    "sample_accept",
-    "require_patched_runtime",
+    "load_drafter",
     "resolve_model",
 ]
 __version__ = "0.1.0"

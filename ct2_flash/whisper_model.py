@@ -430,6 +430,22 @@ class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
 SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")
 
 
+def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.en") -> Drafter:
+    """The drafter ``FlashWhisperModel(model, drafter=drafter)`` would decode with.
+
+    Args:
+        drafter: None for the drafter shipped for the model (prompt lookup where none is), a
+            converted drafter directory, an unconverted training checkpoint (PyTorch, slower),
+            or a ``Drafter``, returned as it is.
+        model: a model name (``available_models()``) or a CTranslate2 model directory.
+
+    Raises:
+        CheckpointError: the directory is missing or damaged.
+        DrafterMismatchError: the drafter was made for another target.
+    """
+    return _resolve_drafter(drafter, model, resolve_model(model))
+
+
 def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str) -> Drafter:
     """A Drafter from what the user passed (see ``FlashWhisperModel``)."""
     if isinstance(drafter, Drafter):

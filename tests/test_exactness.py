@@ -65,9 +65,9 @@ class AlwaysSpeculate(SpeculationPolicy):
 
 
 @pytest.mark.parametrize("kind, k, timestamps", CASES, ids=[f"{d}-K{k}-{'ts' if t else 'nots'}" for d, k, t in CASES])
-def test_segments_identical(pair, clips, kind, k, timestamps):
-    if pair.compute_type == "int8":
-        pytest.skip("int8 is checked per window by test_int8_differences_are_ambiguous")
+def test_segments_identical(float32_pair, clips, kind, k, timestamps):
+    """float32 (int8 is checked per window by ``test_int8_windows_are_identical_where_documented``)."""
+    pair = float32_pair
     flash = pair.flash
     decoder = flash.decoder
     if kind.startswith("default"):
@@ -102,8 +102,17 @@ def test_segments_identical(pair, clips, kind, k, timestamps):
         assert stats.tokens_per_call > 1.5
 
 
-@pytest.mark.parametrize("kind", ["oracle", "random", "default"])
-def test_int8_differences_are_ambiguous(model_path, clips, kind):
+# Identical windows of the 60 (15 clips x 4 prompts) the README promises at int8, for every
+# drafter: 48-53 were measured on an AMD EPYC (AVX2) and an Intel Xeon (AVX-512).
+INT8_IDENTICAL_AT_LEAST = 45
+
+
+@pytest.mark.parametrize("kind", [
+    "oracle",
+    pytest.param("random", marks=pytest.mark.slow),
+    pytest.param("default", marks=pytest.mark.slow),
+])
+def test_int8_windows_are_identical_where_documented(model_path, clips, kind):
     from .conftest import ModelPair, _PAIRS
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
@@ -120,9 +129,11 @@ def test_int8_differences_are_ambiguous(model_path, clips, kind):
             for prompt in ([50257], [50360, *previous, 50257], [50257, 50362], [50360, *previous, 50257, 50362]):
                 comparisons.append((name, compare_window(decoder, encoder_output, prompt, DecodingOptions())))
     differences = [(name, c.first_difference, c.reference_margin) for name, c in comparisons if not c.identical]
-    print(f"int8, {kind}: {len(comparisons) - len(differences)}/{len(comparisons)} windows identical; "
+    identical = len(comparisons) - len(differences)
+    print(f"int8, {kind}: {identical}/{len(comparisons)} windows identical; "
           f"differences (clip, index, target's top-2 margin): {differences}")
+    assert len(comparisons) == 60
+    assert identical >= INT8_IDENTICAL_AT_LEAST, differences
+    # Where a window differs, the target itself was close to a tie.
     assert all(margin < CACHE_DRIFT_LIMIT for _, _, margin in differences), differences
     assert sum(margin >= INT8_MAX_SHIFT for _, _, margin in differences) <= 2, differences
-    # Most windows still match exactly; a collapse would mean a systematic problem.
-    assert len(differences) <= len(comparisons) // 3, differences

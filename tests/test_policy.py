@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ct2_flash.runtime.draft_length import DraftLengthPolicy
-from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, PROBE_BUDGET, SpeculationPolicy
+from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, SpeculationPolicy
 
 from .conftest import segments_of
 
@@ -51,16 +51,19 @@ def test_a_process_of_few_calls_never_runs_the_loop_even_when_it_would_lose_badl
     assert not any(ways)
 
 
-@pytest.mark.parametrize("loss", [0.3, 1.0, 3.0])
-def test_probes_of_a_clear_loser_stay_within_the_budget(loss):
-    """The probes' extra time stays near PROBE_BUDGET of the decoding (at most one probe per
-    MAX_PROBE_INTERVAL calls, however large the loss)."""
+@pytest.mark.parametrize("loss, most_probes, most_overhead", [
+    (0.3, 10, 0.012),  # a 30% loss: about one probe in 30 calls keeps the probes' cost near 1%
+    (1.0, 5, 0.02),  # larger losses: never more often than one probe in 64 calls
+    (3.0, 5, 0.06),
+])
+def test_probes_of_a_clear_loser_stay_within_the_budget(loss, most_probes, most_overhead):
+    """The probes' extra time stays near 1% of the decoding (PROBE_BUDGET), and a loser is
+    probed at most once in 64 calls (MAX_PROBE_INTERVAL) however large its loss: over 300 calls."""
     calls = 300
     ways = _run(SpeculationPolicy(), calls, speculative_cost=1.0 + loss, generate_cost=1.0)
     probes = sum(ways)  # the first is the loop's measurement
-    interval = min(max(math.ceil(loss / PROBE_BUDGET), FIRST_PROBE_INTERVAL), MAX_PROBE_INTERVAL)
-    assert probes <= math.ceil(calls / interval)
-    assert probes * loss / calls <= max(PROBE_BUDGET, loss / MAX_PROBE_INTERVAL) * 1.2
+    assert 1 <= probes <= most_probes
+    assert probes * loss / calls <= most_overhead
 
 
 def test_keeps_speculating_when_it_is_cheaper():
@@ -132,24 +135,21 @@ def test_generate_way_is_token_identical_at_int8_too(pair, clips):
         flash.model.policy = saved
 
 
-def _expected_best(acceptance, cost):
-    """Brute force: the n maximising (1 + sum_j prod_{i<=j} q_i) / cost(n)."""
-    best, best_rate = 0, -1.0
-    for n in range(len(acceptance) + 1):
-        expected = 1 + sum(math.prod(acceptance[: j + 1]) for j in range(n))
-        if expected / cost(n) > best_rate + 1e-12:
-            best, best_rate = n, expected / cost(n)
-    return best
-
-
-@pytest.mark.parametrize("confidences, slope", [
-    ([0.95] * 8, 0.07), ([0.95] * 8, 0.5), ([0.9, 0.8, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9], 0.1),
-    ([0.05] * 8, 0.1), ([0.6, 0.6, 0.6], 0.2), ([], 0.1),
+@pytest.mark.parametrize("confidences, slope, chosen", [
+    ([0.99] * 8, 0.05, 8),  # nearly always right, rows nearly free: verify all of them
+    ([0.99, 0.99, 0.99] + [0.02] * 5, 0.1, 3),  # right for three, then wrong: stop there
+    ([0.02] * 8, 0.5, 0),  # nearly always wrong: a plain step
+    ([0.99] * 8, 3.0, 0),  # right, but each row costs three steps: a plain step
+    ([0.9, 0.9], 0.1, 2),  # only two proposed: both
+    ([], 0.1, 0),
 ])
-def test_draft_length_maximises_expected_tokens_per_second(confidences, slope):
+def test_draft_length_picks_the_count_a_cost_curve_makes_best(confidences, slope, chosen):
+    """On a synthetic cost curve (a 5 ms step, each verified row ``slope`` of a step more) and a
+    drafter calibrated by what it got right, the chosen count is the one that is obviously
+    best, with its neighbours at least 5% fewer tokens per second."""
     policy = DraftLengthPolicy()
     rng = np.random.default_rng(0)
-    cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds: a step of 5 ms
+    cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds
     # Verifications of every length, each accepting as the calibration says (q = p here).
     for _ in range(400):
         n = int(rng.integers(0, 9))
@@ -160,8 +160,7 @@ def test_draft_length_maximises_expected_tokens_per_second(confidences, slope):
         policy.observe(n, accepted, accepted < n, cost(n), np.log(probs))
     fitted_slope, intercept = policy.verification.fit()
     assert fitted_slope / intercept == pytest.approx(slope, rel=1e-6)
-    log_probs = np.log(confidences) if confidences else []
-    assert policy.choose(log_probs) == _expected_best(list(policy.acceptance(log_probs)), cost)
+    assert policy.choose(np.log(confidences) if confidences else []) == chosen
 
 
 def test_calibration_learns_an_overconfident_drafter():
@@ -182,11 +181,13 @@ def test_rows_asks_for_every_draft_until_both_costs_are_timed():
     assert 1 <= policy.rows(8) <= 8
 
 
-@pytest.mark.parametrize("acceptance, propose_slope", [
-    ([0.9] * 8, 0.14), ([0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], 0.14), ([0.3] * 8, 0.14),
-    ([0.3] * 8, 0.0), ([0.98] * 8, 0.5),
+@pytest.mark.parametrize("acceptance, propose_slope, rows_of_8, rows_of_3", [
+    ([0.9] * 8, 0.14, 8, 3),  # right nine times in ten: the longest drafts pay (7, plus one to explore)
+    ([0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], 0.14, 3, 3),  # right for two, then rarely: 2 + 1
+    ([0.98] * 8, 0.5, 8, 3),  # costly rows, but nearly always right
 ])
-def test_rows_maximise_expected_tokens_per_second_and_explore_one_more(acceptance, propose_slope):
+def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(acceptance, propose_slope,
+                                                                              rows_of_8, rows_of_3):
     """Before a proposal, k is the row count with the most expected tokens per second of
     verification plus proposal (by the acceptance observed at each position), plus one."""
     policy = DraftLengthPolicy()
@@ -203,7 +204,4 @@ def test_rows_maximise_expected_tokens_per_second_and_explore_one_more(acceptanc
     learned = policy.acceptance_by_position(8)
     # A memory of ~50 rounds, pulled a little towards the prior of 0.5.
     np.testing.assert_allclose(learned[:2], acceptance[:2], atol=0.15)
-    best = max(range(1, 9), key=lambda k: (1 + sum(math.prod(learned[: j + 1]) for j in range(k))) / (verify(k) + propose(k)))
-    assert policy.rows(8) == min(8, best + 1)
-    assert policy.rows(3) == min(3, max(range(1, 4), key=lambda k: (1 + sum(math.prod(learned[: j + 1]) for j in range(k)))
-                                            / (verify(k) + propose(k))) + 1)
+    assert policy.rows(8) == rows_of_8 and policy.rows(3) == rows_of_3

@@ -47,7 +47,9 @@ def test_batch_labels_follow_their_anchor(teacher_dir):
         expected = list(example.tokens[visible : visible + 8])
         labels = [t for t in batch["labels"][0, slot].tolist() if t >= 0]
         assert labels == expected
-    assert position_weights(8)[0] == 1.0 and abs(float(position_weights(8)[4]) - np.exp(-1.0)) < 1e-6
+    # exp(-(j-1)/4), written out: the first position counts fully, the fifth a third as much.
+    expected = [1.0, 0.7788, 0.6065, 0.4724, 0.3679, 0.2865, 0.2231, 0.1738]
+    np.testing.assert_allclose(position_weights(8).numpy(), expected, atol=1e-4)
 
 
 def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
