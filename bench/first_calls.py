@@ -52,10 +52,7 @@ def main() -> None:
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
 
     def flash_with(policy):
-        model = FlashWhisperModel(path, **options)
-        if policy is not None:
-            model.model.policy = policy
-        return model
+        return FlashWhisperModel(path, policy=policy, **options)
 
     systems = {"faster-whisper": lambda: WhisperModel(path, **options),
                "ct2-flash": lambda: flash_with(None),

@@ -262,24 +262,16 @@ class FlashWhisperModel(WhisperModel):
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
             thread can be faster than several; the encoder is one large call that wants them
-            all. Costs the model's weights once more in memory. At int8 it measured faster on 2
-            cores (``bench/results/threads/``: decode part 0.79x -> 0.93x of faster-whisper),
-            at float32 slower (0.96x -> 0.86x). The decoder's logits matched the two-thread
-            model's bit for bit at int8 on the test clips, and within 1e-5 at float32, whose GEMM
-            splits work by thread count on AVX2-only CPUs (``tests/test_whisper_model.py``). None uses
-            the one model; "auto" (default), for int8 models up to 512 wide (tiny, base), times
+            all. Costs the model's weights once more in memory; which is faster depends on the
+            CPU (docs/usage.md, "Decoder threads"). None uses the one model; "auto" (default), for int8 models up to 512 wide (tiny, base), times
             a verification on both and keeps the faster (``thread_split``; the measurement is
             ``decoder_split``), and uses the one model otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
-            (``decoding.SpeculativeDecoder``); a number, or one per row of the block. Default:
-            1e-3 at float32 (its multi-token rows differ from single steps by at most 5e-5),
-            2.0 at every other compute type: ``bench/guard_margin.py`` found int8 rows at most
-            0.65 logits from single steps on real speech, but the windows that differ do so at
-            near-ties (target margins < 0.1) through cache entries earlier multi-token passes
-            wrote, and larger margins leave more entries to single passes: identity on 80 real
-            windows was 73 at 1.0, 76 at 1.5, 77 at 2.0 and 77 at 3.0, with tokens per target
-            call 1.20, 1.06, 0.98 and 0.85. 0 turns the guard off.
+            (``strategies.Guard``); a number, or one per row of the block. Default: 1e-3 at
+            float32, 2.0 at every other compute type, the smallest margin with the most
+            identical windows measured (docs/exactness.md, ``bench/results/guard_margin/``).
+            0 turns the guard off.
         seed: makes sampled decoding repeatable: the same calls on the same model give the
             same samples with the same drafter on the same machine (another drafter samples
             from the same distribution; ``decoding.SpeculativeDecoder``). With
@@ -287,6 +279,12 @@ class FlashWhisperModel(WhisperModel):
             depends on timings, and CTranslate2's ``generate()`` draws differently); it also
             seeds CTranslate2 (``ctranslate2.set_random_seed``, process-wide). None: fresh
             randomness. Greedy decoding draws nothing.
+        draw_drafts: under sampling, draw drafts from the drafter's own distribution where it
+            gives logits (the rejection rule with q); False proposes its most likely tokens
+            outright (``decoding.SpeculativeDecoder``). The tokens' distribution is the
+            target's either way.
+        policy: decides per call whether the loop or ``generate()`` decodes it (default a new
+            ``SpeculationPolicy``); used only with ``adaptive``.
     """
 
     def __init__(
@@ -299,6 +297,8 @@ class FlashWhisperModel(WhisperModel):
         decoder_threads: Union[int, str, None] = "auto",
         guard_margin: Optional[float] = None,
         seed: Optional[int] = None,
+        draw_drafts: bool = True,
+        policy: Optional[SpeculationPolicy] = None,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -337,8 +337,8 @@ class FlashWhisperModel(WhisperModel):
         if seed is not None:
             ctranslate2.set_random_seed(seed)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
-                                     guard_margin=guard_margin, seed=seed)
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, SpeculationPolicy())
+                                     guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy())
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""

@@ -20,13 +20,14 @@ import os
 
 import pytest
 
+from ct2_flash import FlashWhisperModel
 from ct2_flash.drafting.base import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
 from ct2_flash.policy import SpeculationPolicy
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
-from .conftest import segments_of
+from .conftest import THREADS, segments_of
 
 # Twice the largest int8 row deviation measured between a batched row and a single step on a
 # clean cache (1.01 logits on an AVX-512 CPU, 0.64 on an AVX2-only one).
@@ -65,7 +66,7 @@ class AlwaysSpeculate(SpeculationPolicy):
 
 
 @pytest.mark.parametrize("kind, k, timestamps", CASES, ids=[f"{d}-K{k}-{'ts' if t else 'nots'}" for d, k, t in CASES])
-def test_segments_identical(float32_pair, clips, kind, k, timestamps):
+def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps):
     """float32 (int8 is checked per window by ``test_int8_windows_are_identical_where_documented``)."""
     pair = float32_pair
     flash = pair.flash
@@ -76,21 +77,18 @@ def test_segments_identical(float32_pair, clips, kind, k, timestamps):
     # Draft every round, the point being to stress the loop, except in the users' setting,
     # where the governor and the draft-length policy decide inside speculative calls (every
     # call is speculative here: the policy would send most of them to generate()).
-    saved_policy = flash.model.policy
     if kind == "default-adaptive":
-        flash.model.policy = AlwaysSpeculate()
+        flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, policy=AlwaysSpeculate())
+        drafter = flash.decoder.drafter
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)
-    try:
-        mismatches = []
-        with flash.use_drafter(drafter, adaptive=kind == "default-adaptive", num_draft_tokens=k):
-            for name, audio in clips.items():
-                expected = pair.reference(name, audio, **options)
-                got = segments_of(flash, audio, **options)
-                if got != expected:
-                    mismatches.append((name, expected, got))
-    finally:
-        flash.model.policy = saved_policy
+    mismatches = []
+    with flash.use_drafter(drafter, adaptive=kind == "default-adaptive", num_draft_tokens=k):
+        for name, audio in clips.items():
+            expected = pair.reference(name, audio, **options)
+            got = segments_of(flash, audio, **options)
+            if got != expected:
+                mismatches.append((name, expected, got))
     assert not mismatches, f"{pair.compute_type}: {len(mismatches)} clip(s) differ: {mismatches[0]}"
     stats = flash.spec_stats
     assert stats.fallback_calls == 0

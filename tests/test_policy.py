@@ -8,7 +8,9 @@ import pytest
 from ct2_flash.runtime.draft_length import DraftLengthPolicy
 from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, SpeculationPolicy
 
-from .conftest import segments_of
+from ct2_flash import FlashWhisperModel
+
+from .conftest import THREADS, segments_of
 
 
 class ForcedGenerate(SpeculationPolicy):
@@ -97,42 +99,31 @@ def test_batches_are_compared_with_generate_at_their_own_size():
 
 
 @pytest.mark.parametrize("policy", [ForcedGenerate, ForcedSpeculation])
-def test_either_way_gives_faster_whisper_output(float32_pair, clips, policy):
+def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips, policy):
     """A never-agreeing drafter with calls sent to generate() or to the loop: same segments."""
     from ct2_flash.validation.drafters import RandomDrafter
 
     pair = float32_pair
-    flash = pair.flash
-    saved = flash.model.policy
-    flash.model.policy = policy()
-    try:
-        with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
-            flash.reset_spec_stats()
-            name = "clip06_awb.ogg"
-            got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
-            assert got == pair.reference(name, clips[name], beam_size=1, without_timestamps=True)
-            stats = flash.spec_stats
-            if policy is ForcedGenerate:
-                assert stats.generate_rows > 0 and stats.generate_calls == 0 and stats.draft_rounds == 0
-                # Their time is counted apart from the loop's, which spent none.
-                assert stats.generate_seconds > 0 and stats.decode_seconds == 0
-            else:
-                assert stats.generate_rows == 0 and stats.draft_rounds > 0
-                assert stats.generate_seconds == 0 and stats.other_seconds > 0
-    finally:
-        flash.model.policy = saved
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, policy=policy())
+    with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
+        name = "clip06_awb.ogg"
+        got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
+        assert got == pair.reference(name, clips[name], beam_size=1, without_timestamps=True)
+        stats = flash.spec_stats
+        if policy is ForcedGenerate:
+            assert stats.generate_rows > 0 and stats.generate_calls == 0 and stats.draft_rounds == 0
+            # Their time is counted apart from the loop's, which spent none.
+            assert stats.generate_seconds > 0 and stats.decode_seconds == 0
+        else:
+            assert stats.generate_rows == 0 and stats.draft_rounds > 0
+            assert stats.generate_seconds == 0 and stats.other_seconds > 0
 
 
-def test_generate_way_is_token_identical_at_int8_too(pair, clips):
+def test_generate_way_is_token_identical_at_int8_too(pair, model_path, clips):
     """generate() is faster-whisper's own call, so even int8 matches exactly."""
-    flash = pair.flash
-    saved = flash.model.policy
-    flash.model.policy = ForcedGenerate()
-    try:
-        for name in ("clip02_awb.ogg", "clip11_rms.ogg"):
-            assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1)
-    finally:
-        flash.model.policy = saved
+    flash = FlashWhisperModel(model_path, compute_type=pair.compute_type, cpu_threads=THREADS, policy=ForcedGenerate())
+    for name in ("clip02_awb.ogg", "clip11_rms.ogg"):
+        assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1)
 
 
 @pytest.mark.parametrize("confidences, slope, chosen", [

@@ -86,11 +86,11 @@ def test_seeded_sampling_repeats(model_path, clips):
              (3, "drawn"), (3, "drawn"), (4, "drawn"))
     for index, (seed, drafter) in enumerate(cases):
         # adaptive (the users' default): a seeded sampled call must not let timings choose its shapes.
-        flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, seed=seed)
+        flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, seed=seed,
+                                  draw_drafts=drafter != "outright")
         encoder_output = flash.encode_window(audio)
         chosen = {"oracle": OracleDrafter(flash.reference_model), "random": RandomDrafter(51864, seed=1),
                   "outright": flash.decoder.drafter, "drawn": flash.decoder.drafter}[drafter]
-        flash.decoder.draw_drafts = drafter != "outright"
         with flash.use_drafter(chosen, adaptive=True):
             results = [flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
                                             sampling_temperature=t, num_hypotheses=2, return_scores=True)[0]

@@ -119,8 +119,8 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     options = dict(config.drafter_options)
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
                               guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
-                              drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive)
-    flash.decoder.draw_drafts = config.draw_drafts
+                              drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive,
+                              draw_drafts=config.draw_drafts)
     if config.drafter == ORACLE:
         attach_oracle(flash, options)
     return flash
