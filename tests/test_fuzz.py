@@ -11,7 +11,7 @@ from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 
-CASES = 200
+FAST_CASES, SLOW_CASES = 30, 200  # the fast tier's share, and the slow tier's bounded run
 SHORT = 6.0  # seconds: the bounded run uses the three shortest clips (the long run uses all)
 
 
@@ -29,11 +29,12 @@ def drafters(flash):
             "random": RandomDrafter(51864, seed=2)}
 
 
-def test_random_options_and_drafters_give_faster_whispers_segments(flash, float32_pair, clips, drafters):
+@pytest.mark.parametrize("cases", [FAST_CASES, pytest.param(SLOW_CASES, marks=pytest.mark.slow)])
+def test_random_options_and_drafters_give_faster_whispers_segments(flash, float32_pair, clips, drafters, cases):
     audio = {name: samples for name, samples in clips.items() if samples.size / 16000 < SHORT}
     rng = np.random.default_rng(2026)
     failures, speculative, fallen_back = [], 0, 0
-    for _ in range(CASES):
+    for _ in range(cases):
         case = random_case(rng, sorted(audio))
         result = run_case(case, flash, float32_pair.baseline, audio, drafters)
         if not result["identical"]:
@@ -47,4 +48,4 @@ def test_random_options_and_drafters_give_faster_whispers_segments(flash, float3
             assert result["fallback_calls"] == 0, case
             speculative += result["speculative_rows"] > 0
     assert not failures, failures[:3]
-    assert speculative > CASES // 2 and fallen_back > 0
+    assert speculative > cases // 2 and fallen_back > 0
