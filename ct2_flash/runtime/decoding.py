@@ -15,6 +15,7 @@ length_penalty.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from contextlib import contextmanager
@@ -266,8 +267,7 @@ class SpeculativeDecoder:
             verified = self.lengths.choose(confidences)
             drafts, confidences = drafts[:verified], confidences[:verified]
         draft = state.strategy.drafts(proposal, drafts, confidences, state.rules, state.generated)
-        return Draft(tokens=draft.tokens, confidences=draft.confidences, probs=draft.probs, rows=count,
-                     drawn=draft.drawn)
+        return dataclasses.replace(draft, rows=count)
 
     def _advance(self, state: "_Decoding", target: TimedTarget, drafter: TimedDrafter,
                  columns: Optional[np.ndarray], kept_rows: int, next_anchor_row: int) -> None:
