@@ -14,8 +14,9 @@ difference the script logs:
   timestamp-mass rule's gap, and the guard's threshold for that row;
 - how far the loop's row is from the replayed one (largest logit difference).
 
-A single-token replay *along the loop's cache* (the cache the multi-token passes wrote, then
-single steps) is logged beside it, to tell the row's own deviation from the cache's.
+It also measures how often plain greedy decoding itself comes close to a tie (its own margins,
+single steps all along, timestamps on and off): an exact repair that recomputed the cache with
+single steps before every close decision would redo the window up to the last of them.
 
     python bench/int8_differences.py --out bench/results/int8_differences/int8.json
 """
@@ -140,6 +141,31 @@ def diagnose(decoder, encoder_output, prompt, reference, speculative, first, pas
     return found
 
 
+def close_decisions(decoder, encoded, prompt) -> dict:
+    """Plain greedy's own margins (single steps, ``LogitRules.choose``) over the windows: the
+    share of positions closer than 0.5, 1 and 2 logits, and where the last position closer
+    than 2 lies, as a fraction of its window's tokens (mean)."""
+    runtime, special = decoder.runtime, decoder.runtime.special
+    rules = decoder.rules_for(prompt, DecodingOptions())
+    margins, last_close = [], []
+    for encoder_output in encoded:
+        prefill = runtime.start(encoder_output, prompt)
+        logits, generated, window = prefill.next_logits.copy(), [], []
+        while len(generated) < 224:
+            token, _, margin = rules.choose(logits, generated)
+            generated.append(token)
+            window.append(margin)
+            if token == special.eot:
+                break
+            logits = prefill.sequence.verify([token])[0].copy()
+        close = np.flatnonzero(np.asarray(window) < 2.0)
+        last_close.append((close[-1] + 1) / len(window) if close.size else 0.0)
+        margins += window
+    margins = np.asarray(margins)
+    return {"positions": int(margins.size), **{f"share_below_{t:g}": float(np.mean(margins < t)) for t in (0.5, 1, 2)},
+            "last_below_2_at_fraction_of_window": float(np.mean(last_close))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", nargs="+", default=["mfa", "pocketsphinx"])
@@ -161,6 +187,8 @@ def main() -> None:
     passes: list = []
     record_passes(decoder.runtime, passes)
     encoded = [flash.encode_window(window) for window in windows]
+    closeness = {name: close_decisions(decoder, encoded, prompt) for name, prompt in prompts.items()}
+    print("plain greedy's own close decisions:", closeness, flush=True)
     results, differences = {}, []
     for drafter_name, drafter in drafters.items():
         with decoder.use_drafter(drafter):
@@ -193,9 +221,9 @@ def main() -> None:
                 "model": "tiny.en", "compute_type": decoder.runtime.model.compute_type, "threads": args.threads,
                 "speech_sets": args.speech_set, "windows": len(encoded),
                 "seconds": [round(w.size / SAMPLE_RATE, 1) for w in windows],
-                "guard_margin": decoder.guard_margin, "identity": results,
+                "guard_margin": decoder.guard_margin, "identity": results, "greedy_close_decisions": closeness,
                 "deciding_pass": dict(kinds), "differences": differences, "machine": machine()}
-    write_result(args.out, document, echo=("identity", "deciding_pass"))
+    write_result(args.out, document, echo=("identity", "deciding_pass", "greedy_close_decisions"))
 
 
 if __name__ == "__main__":

@@ -30,13 +30,13 @@ $PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 -
   --repeats 1 --draft-every-round --outright-drafts --out $OUT/sampling_every_round_outright
 # The loop's ceiling: an oracle drafter replaying the target's own greedy output, always right,
 # and right ~60% of the time (each drafted token wrong with probability 0.1), on the test clips.
-$PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types float32 int8 --repeats 3 \
+$PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types float32 int8 --repeats 3 --near-exact \
   --out $OUT/oracle/always_right
 $PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --drafter-option error_rate=0.1 \
-  --compute-types float32 int8 --repeats 3 --out $OUT/oracle/error_rate_0.1
+  --compute-types float32 int8 --repeats 3 --near-exact --out $OUT/oracle/error_rate_0.1
 # What the int8 guard costs at that ceiling (the default margin is 2.0).
 for guard in 0 1.0; do
-  $PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types int8 --guard-margin $guard \
+  $PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types int8 --near-exact --guard-margin $guard \
     --repeats 1 --out $OUT/oracle/int8_guard_$guard
 done
 # The multilingual base, for which no drafter is trained: never slower than faster-whisper.
@@ -101,6 +101,9 @@ $PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_
   --out $OUT/draft_round/int8_long.json
 # The int8 guard: verified rows against single steps, and identity against generate() by margin.
 $PY bench/guard_margin.py --compute-type int8 --limit 30 --out $OUT/guard_margin/int8.json
+# Where the loop, forced, leaves generate(): the deciding pass and both sides' margins.
+$PY bench/int8_differences.py --out $OUT/int8_differences/int8.json
+$PY bench/int8_differences.py --compute-type float32 --out $OUT/int8_differences/float32.json
 # Soak: 1,000 transcriptions in one process (about 45 minutes): memory, files, threads.
 $PY bench/soak.py --calls 1000 --threads 1 --out $OUT/soak/soak.json
 # Training speed, on whatever teacher data exists.
@@ -119,7 +122,7 @@ fi
 while read -r name options; do
   # shellcheck disable=SC2086  # options are several words
   $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
-    --guard-margin 0 --draft-every-round $options --out "$OUT/drafter_variants/$name" </dev/null
+    --guard-margin 0 --draft-every-round --near-exact $options --out "$OUT/drafter_variants/$name" </dev/null
 done <<'LIST'
 onnx_int8_window
 onnx_int8_all_frames --drafter-option audio_window=none
@@ -135,7 +138,7 @@ $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --comp
 for name in full no-audio no-history; do
   if [[ -d $DATA/runs/ablation_$name/best ]]; then
     $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
-      --guard-margin 0 --draft-every-round --drafter "$DATA/runs/ablation_$name/best" --out "$OUT/ablation/$name"
+      --guard-margin 0 --draft-every-round --near-exact --drafter "$DATA/runs/ablation_$name/best" --out "$OUT/ablation/$name"
   fi
 done
 $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
@@ -143,7 +146,7 @@ $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --comp
 # Thread split and guard (bench/results/threads/README.md): directory, compute, threads, decoder threads, guard.
 while read -r name ct threads decoder guard; do
   $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types "$ct" --threads "$threads" \
-    --decoder-threads "$decoder" ${guard:+--guard-margin $guard} --repeats 2 --out "$OUT/threads/$name"
+    --decoder-threads "$decoder" ${guard:+--guard-margin $guard} --near-exact --repeats 2 --out "$OUT/threads/$name"
 done <<'LIST'
 int8_guard0_shared int8 2 none 0
 int8_guard1_shared int8 2 none 1.0

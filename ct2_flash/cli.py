@@ -33,7 +33,7 @@ def _demo(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
     baseline = WhisperModel(path, **options)
-    flash = FlashWhisperModel(path, num_draft_tokens=args.k, **options)
+    flash = FlashWhisperModel(path, num_draft_tokens=args.k, near_exact=args.near_exact, **options)
     transcribe = dict(beam_size=1, without_timestamps=args.no_timestamps)
 
     measure(baseline, audio, **transcribe)  # warm-up
@@ -55,8 +55,12 @@ def _demo(args: argparse.Namespace) -> int:
           f"{args.threads} thread(s), drafter {type(flash.drafter).__name__}, K={args.k}")
     print(f"tokens identical to faster-whisper greedy: {'yes' if identical else 'NO'}")
     print(f"speed vs faster-whisper (median of {args.repeats}): whole path {whole:.2f}x, decode part {decode:.2f}x")
-    print(f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate() "
-          "(the policy's choice until speculation is measured, a few calls in, and wherever it measured slower)")
+    if flash.model.inexact_reason is not None:
+        print(f"calls: {stats.fallback_calls} through CTranslate2's generate(): {flash.model.inexact_reason} "
+              "(--compute-type float32 runs the exact loop; --near-exact runs this one anyway)")
+    else:
+        print(f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate() "
+              "(the policy's choice until speculation is measured, a few calls in, and wherever it measured slower)")
     if stats.target_calls:
         print(f"speculative calls: acceptance rate {stats.acceptance_rate:.1%}, "
               f"{stats.tokens_per_call:.2f} tokens per target call")
@@ -110,7 +114,8 @@ def _bench(args: argparse.Namespace) -> int:
                              repeats=args.repeats, without_timestamps=args.no_timestamps, stock_python=stock_python,
                              batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
                              guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
-                             adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts)
+                             adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts,
+                             near_exact=args.near_exact)
         document = run(config, utterances)
     except ValueError as error:  # bad options or drafter, unreadable or empty audio
         print(f"ct2-flash bench: {error}", file=sys.stderr)
@@ -180,7 +185,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     if missing:
         print(f"ct2-flash transcribe: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads)
+    model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads,
+                              near_exact=args.near_exact)
     options = dict(beam_size=args.beam_size, language=args.language, word_timestamps=args.word_timestamps,
                    vad_filter=args.vad_filter)
     failed = 0
@@ -235,6 +241,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--k", type=int, default=8, help="draft tokens per verification")
     demo.add_argument("--repeats", type=int, default=3)
     demo.add_argument("--no-timestamps", action="store_true")
+    demo.add_argument("--near-exact", action="store_true",
+                      help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
+                           "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()")
     transcribe = commands.add_parser("transcribe", help="transcribe files into txt, srt, vtt or json")
     transcribe.add_argument("files", nargs="+", help="audio files")
     transcribe.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
@@ -247,6 +256,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     transcribe.add_argument("--output-dir", default=".", help="where the files go (default: here)")
     transcribe.add_argument("--word-timestamps", action="store_true")
     transcribe.add_argument("--vad-filter", action="store_true")
+    transcribe.add_argument("--near-exact", action="store_true",
+                            help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
+                                 "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()")
     bench = commands.add_parser("bench", help="faster-whisper vs ct2-flash on many files: JSON and plots")
     bench.add_argument("--manifest", action="append", default=[], help="TSV of audio path and reference text")
     bench.add_argument("--audio-dir", action="append", default=[], help="directory of audio files")
@@ -282,6 +294,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                             "drafts from its distribution")
     bench.add_argument("--draft-every-round", action="store_true",
                        help="no policy: every call drafts every round (measures the loop, not the default model)")
+    bench.add_argument("--near-exact", action="store_true",
+                       help="FlashWhisperModel(near_exact=True): run the loop at int8 too, where it is identical on "
+                            "most windows but not all (without it, int8 calls measure generate())")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
     convert = commands.add_parser("convert-drafter", help="a drafter checkpoint -> ONNX graphs the runtime runs (needs [train])")
     convert.add_argument("checkpoint", help="drafter checkpoint directory (drafter.json + drafter.safetensors)")

@@ -44,6 +44,12 @@ _GREEDY_DEFAULTS: Dict[str, Any] = {
     "return_logits_vocab": False,
 }
 _BEAM_SEARCH = "beam search is not speculative"
+# The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
+# logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.
+EXACT_COMPUTE_TYPE = "float32"
+_FALLBACK_HINTS = {_BEAM_SEARCH: " (pass beam_size=1 to transcribe() for speculative greedy decoding)"}
+_INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
+                 "most windows but not all: docs/exactness.md)")
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
                  "sampling_topk", "sampling_temperature", "num_hypotheses")
 
@@ -102,9 +108,14 @@ class SpeculativeWhisper:
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
-                 policy: Optional[SpeculationPolicy] = None) -> None:
+                 policy: Optional[SpeculationPolicy] = None, near_exact: bool = False) -> None:
         self._model = model
         self.decoder = decoder
+        # Where the loop's passes are not single steps' computation, only an opt-in runs it.
+        compute_type = decoder.runtime.model.compute_type
+        self.inexact_reason: Optional[str] = None if near_exact or compute_type == EXACT_COMPUTE_TYPE else (
+            f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not "
+            f"be exact")
         self.policy = policy or SpeculationPolicy()
         self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
         self._vocabulary = vocabulary
@@ -144,11 +155,11 @@ class SpeculativeWhisper:
         if reason is not None:
             if reason not in self._fallback_reasons_logged:
                 self._fallback_reasons_logged.add(reason)
-                # faster-whisper's transcribe() defaults to beam_size=5, so a user who only
-                # swapped the class gets no speculation at all: say so where it is seen.
-                log = logger.warning if reason == _BEAM_SEARCH else logger.info
-                log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason,
-                    " (pass beam_size=1 to transcribe() for speculative greedy decoding)" if reason == _BEAM_SEARCH else "")
+                # A user who only swapped the class (faster-whisper's transcribe() defaults to
+                # beam_size=5) or asked for int8 gets no speculation at all: say so, and how.
+                hint = _FALLBACK_HINTS.get(reason) or (_INEXACT_HINT if reason == self.inexact_reason else None)
+                (logger.info if hint is None else logger.warning)(
+                    "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
             with self._counting:
                 self.stats.fallback_calls += 1
             return self._model.generate(features, prompts, **kwargs)
@@ -218,6 +229,8 @@ class SpeculativeWhisper:
     def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
         if kwargs.get("beam_size", 5) != 1:
             return _BEAM_SEARCH
+        if self.inexact_reason is not None:
+            return self.inexact_reason
         sampling = kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0
         if kwargs.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
             return "several hypotheses without sampling are not speculative"
@@ -277,7 +290,8 @@ class FlashWhisperModel(WhisperModel):
             from the same distribution; ``decoding.SpeculativeDecoder``). With
             a seed, sampled calls always run in the speculative loop (the policy's choice
             depends on timings, and CTranslate2's ``generate()`` draws differently); it also
-            seeds CTranslate2 (``ctranslate2.set_random_seed``, process-wide). None: fresh
+            seeds CTranslate2 (``ctranslate2.set_random_seed``, process-wide), which samples the
+            calls the loop does not run (``near_exact``) repeatably too. None: fresh
             randomness. Greedy decoding draws nothing.
         draw_drafts: under sampling, draw drafts from the drafter's own distribution where it
             gives logits (the rejection rule with q); False proposes its most likely tokens
@@ -285,6 +299,14 @@ class FlashWhisperModel(WhisperModel):
             target's either way.
         policy: decides per call whether the loop or ``generate()`` decodes it (default a new
             ``SpeculationPolicy``); used only with ``adaptive``.
+        near_exact: also run the loop at compute types other than float32 (int8, int16,
+            float16), where a multi-token pass is not the computation single steps make: a
+            row and the cache entries it writes move by up to ~1 logit at int8, and later
+            near-ties (neighbouring timestamps first) can go another way, so the output equals
+            faster-whisper's on most windows, not all (the measured rates: docs/exactness.md).
+            False (default): at those compute types every call goes to CTranslate2's own
+            ``generate()`` (one warning says so), so the output is always faster-whisper's;
+            ``adaptive`` and ``seed`` then change nothing.
     """
 
     def __init__(
@@ -299,6 +321,7 @@ class FlashWhisperModel(WhisperModel):
         seed: Optional[int] = None,
         draw_drafts: bool = True,
         policy: Optional[SpeculationPolicy] = None,
+        near_exact: bool = False,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -338,7 +361,7 @@ class FlashWhisperModel(WhisperModel):
             ctranslate2.set_random_seed(seed)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy())
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy(), near_exact)
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""

@@ -1,8 +1,11 @@
 """Table-driven tests of greedy acceptance (vLLM's rejection-sampler test style)."""
 
+import numpy as np
 import pytest
 
 from ct2_flash.runtime.acceptance import greedy_accept
+from ct2_flash.runtime.logit_rules import LogitRules, SpecialTokens
+from ct2_flash.runtime.strategies import Draft, GreedyAcceptance, Guard
 
 EOT = 50256
 
@@ -158,3 +161,60 @@ def test_with_drafts_proposed_outright_the_output_is_plain_sampling_with_the_sam
                                     lambda j: tuple(fixed[start + j]), SAMPLING_EOT)
             out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])
         assert out[: len(plain)] == plain
+
+
+# The guard's margins on synthetic rows: every decision a row makes under the logit rules (the
+# best text token against the next, the best timestamp against the next, the timestamp mass
+# against the best text token) is measured, and a row closer than the threshold is unsure.
+_SPECIAL = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362,
+                         vocab_size=51864)
+_TS = _SPECIAL.timestamp_begin
+_FLOOR = -30.0  # low enough that the 1,501 timestamp columns add no mass
+
+
+def _rows(first: dict, bonus: int) -> np.ndarray:
+    """[2, vocab]: row 0 with the given logits over the floor; row 1 a clear ``bonus``."""
+    rows = np.full((2, _SPECIAL.vocab_size), _FLOOR, dtype=np.float32)
+    for token, value in first.items():
+        rows[0, token] = value
+    rows[1, bonus] = 10.0
+    return rows
+
+
+def _mass_at(text_best: float, gap: float) -> dict:
+    """Two timestamps whose log-sum-exp is ``text_best + gap`` (and the text token)."""
+    each = text_best + gap - np.log(2.0)
+    return {300: text_best, _TS + 5: each, _TS + 6: each}
+
+
+@pytest.mark.parametrize(
+    "name, timestamps, first, draft, unsure, margin",
+    [
+        ("close text tokens", False, {300: 5.0, 301: 4.9}, 300, True, 0.1),
+        ("clear text token", False, {300: 5.0, 301: 1.0}, 300, False, 4.0),
+        ("close timestamps", True, {_TS + 5: 8.0, _TS + 6: 7.95, 300: 1.0}, _TS + 5, True, 0.05),
+        ("clear timestamp", True, {_TS + 5: 8.0, _TS + 6: 4.0, 300: 1.0}, _TS + 5, False, 4.0),
+        # The timestamp mass just under the best text token: text wins, by 0.01.
+        ("timestamp mass at the edge, below", True, _mass_at(5.0, -0.01), 300, True, 0.01),
+        # Just over it: text is ruled out, by 0.01, although the timestamps' own top-2 gap is 0.
+        ("timestamp mass at the edge, above", True, _mass_at(5.0, 0.01), _TS + 5, True, 0.0),
+        ("timestamp mass far below", True, _mass_at(5.0, -3.0), 300, False, 3.0),
+        ("a NaN logit cannot be judged", False, {300: 5.0, 301: np.nan}, 300, True, None),
+    ],
+)
+def test_guard_margins_cover_every_decision_of_a_row(name, timestamps, first, draft, unsure, margin):
+    rules = LogitRules(special=_SPECIAL, suppress_ids=(), suppress_begin_ids=(), timestamps=timestamps,
+                       max_initial_timestamp_id=_TS + 50, sample_begin=0)
+    # After a timestamp and a word: the mass rule applies, timestamps after <|0.00|> are allowed.
+    generated = [_TS, 290] if timestamps else [290]
+    # After a lone timestamp only a later one may follow: the bonus row's clear choice.
+    bonus = _TS + 9 if draft >= _TS else 400
+    choice = rules.choose_block(_rows(first, bonus), generated, [draft])
+    if margin is None:
+        assert np.isnan(choice.margins(1)[0]), name
+    else:
+        assert choice.margins(1)[0] == pytest.approx(margin, abs=1e-4), name
+    outcome = GreedyAcceptance(Guard(np.array([2.0])), _SPECIAL.eot).accept(Draft(tokens=(draft,)), choice, 0)
+    assert outcome.unsure is unsure, name
+    # Unsure: nothing of the row is kept and no token is guessed (a single pass decides it).
+    assert (outcome.accepted, outcome.next_token) == ((0, None) if unsure else (1, bonus)), name

@@ -61,6 +61,8 @@ class BenchConfig:
             sends calls where drafting does not pay to ``generate()``).
         draw_drafts: under sampling, draw drafts from the drafter's distribution (the default);
             False proposes its most likely tokens outright (see ``SpeculativeDecoder``).
+        near_exact: ``FlashWhisperModel(near_exact=...)``: also run the loop at compute types
+            where it is not exact (int8); without it such settings measure ``generate()``.
     """
 
     model: str = "tiny.en"
@@ -79,6 +81,7 @@ class BenchConfig:
     best_of: int = 1
     adaptive: bool = True
     draw_drafts: bool = True
+    near_exact: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperatures or not all(np.isfinite(t) and t >= 0 for t in self.temperatures):
@@ -120,7 +123,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
                               guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
                               drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive,
-                              draw_drafts=config.draw_drafts)
+                              draw_drafts=config.draw_drafts, near_exact=config.near_exact)
     if config.drafter == ORACLE:
         attach_oracle(flash, options)
     return flash

@@ -56,10 +56,6 @@ class Guard:
         self.margins = margins
         self.single_pass_next = False
 
-    @property
-    def active(self) -> bool:
-        return bool(self.margins.max() > 0)
-
     def thresholds(self, rows: int) -> np.ndarray:
         """[rows] the margin each of the first ``rows`` rows must reach."""
         return self.margins[np.minimum(np.arange(rows), self.margins.size - 1)]
@@ -100,9 +96,11 @@ class GreedyAcceptance:
         used = min(1 + (mismatches[0] if mismatches.size else judged), len(choice.tokens))
         thresholds = self.guard.thresholds(used)
         margins = choice.margins(used) if drafts and thresholds.max() > 0 else None
+        # A NaN margin (a NaN logit in the row) cannot be judged: unsure, like a close one, so
+        # a single-token pass decides that position, never a guess.
         return greedy_accept(
             drafts,
-            lambda row: None if margins is not None and margins[row] < thresholds[row] else int(choice.tokens[row]),
+            lambda row: None if margins is not None and not margins[row] >= thresholds[row] else int(choice.tokens[row]),
             self._eot,
         )
 
