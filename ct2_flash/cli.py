@@ -115,7 +115,7 @@ def _bench(args: argparse.Namespace) -> int:
                              batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
                              guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
                              adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts,
-                             near_exact=args.near_exact)
+                             near_exact=args.near_exact, stock_engine=args.stock_engine)
         document = run(config, utterances)
     except ValueError as error:  # bad options or drafter, unreadable or empty audio
         print(f"ct2-flash bench: {error}", file=sys.stderr)
@@ -297,6 +297,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--near-exact", action="store_true",
                        help="FlashWhisperModel(near_exact=True): run the loop at int8 too, where it is identical on "
                             "most windows but not all (without it, int8 calls measure generate())")
+    bench.add_argument("--stock-engine", action="store_true",
+                       help="FlashWhisperModel(stock_engine=True): the encoder and every call outside the loop on "
+                            "stock ctranslate2 in a worker process")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
     convert = commands.add_parser("convert-drafter", help="a drafter checkpoint -> ONNX graphs the runtime runs (needs [train])")
     convert.add_argument("checkpoint", help="drafter checkpoint directory (drafter.json + drafter.safetensors)")

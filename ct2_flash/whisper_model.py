@@ -10,10 +10,12 @@ word timestamps, prompts, fallback, long audio) behaves as in faster-whisper.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -31,6 +33,8 @@ from ct2_flash.policy import SpeculationPolicy
 from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.target import TargetRuntime
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
+from ct2_flash.stock.client import StockEngine
+from ct2_flash.stock.engines import Engines
 from ct2_flash.thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
@@ -108,9 +112,12 @@ class SpeculativeWhisper:
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
-                 policy: Optional[SpeculationPolicy] = None, near_exact: bool = False) -> None:
+                 policy: Optional[SpeculationPolicy] = None, near_exact: bool = False,
+                 engines: Optional[Engines] = None) -> None:
         self._model = model
         self.decoder = decoder
+        # Where encoder outputs and the calls outside the loop run (stock engine or patched).
+        self.engines = engines or Engines(model)
         # Where the loop's passes are not single steps' computation, only an opt-in runs it.
         compute_type = decoder.runtime.model.compute_type
         self.inexact_reason: Optional[str] = None if near_exact or compute_type == EXACT_COMPUTE_TYPE else (
@@ -135,7 +142,7 @@ class SpeculativeWhisper:
     def encode(self, features, to_cpu: bool = False):
         check_features(features)
         started = time.perf_counter()
-        output = self._model.encode(features, to_cpu=to_cpu)
+        output = self.engines.encode(features, to_cpu=to_cpu)
         with self._counting:
             self.stats.encoder_seconds += time.perf_counter() - started
         self._encoded_audio.last = (output, audio_frames(features))
@@ -162,7 +169,7 @@ class SpeculativeWhisper:
                     "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
             with self._counting:
                 self.stats.fallback_calls += 1
-            return self._model.generate(features, prompts, **kwargs)
+            return self.engines.generate(self._encoded(features), prompts, **kwargs)
 
         options = DecodingOptions(  # bad options raise here, before anything is decoded
             suppress_tokens=tuple(int(t) for t in kwargs.get("suppress_tokens", (-1,))),
@@ -183,7 +190,7 @@ class SpeculativeWhisper:
             if in_loop:
                 results = self._speculative_rows(encoder_output, prompts, options, kwargs)
             else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                results = self._model.generate(encoder_output, prompts, **kwargs)
+                results = self.engines.generate(encoder_output, prompts, **kwargs)
         finally:
             if in_loop:
                 self._loop.release()
@@ -197,10 +204,17 @@ class SpeculativeWhisper:
             policy.record(in_loop, len(prompts), seconds, tokens)
         return results
 
+    def detect_language(self, features, *args, **kwargs):
+        return self.engines.detect_language(features, *args, **kwargs)
+
+    def align(self, features, start_sequence, text_tokens, num_frames, median_filter_width: int = 7):
+        return self.engines.align(features, start_sequence, text_tokens, num_frames, median_filter_width)
+
     def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any]) -> list:
-        rows = np.asarray(encoder_output)
         encoded, frames = getattr(self._encoded_audio, "last", (None, None))
         frames = frames if encoded is encoder_output else None
+        encoder_output = self.engines.local(encoder_output)  # the worker's copy, if it encoded
+        rows = np.asarray(encoder_output)
         results = []
         for index, prompt in enumerate(prompts):
             # Rows (and hypotheses) run one at a time: the patched decoder state has batch size 1.
@@ -307,6 +321,13 @@ class FlashWhisperModel(WhisperModel):
             False (default): at those compute types every call goes to CTranslate2's own
             ``generate()`` (one warning says so), so the output is always faster-whisper's;
             ``adaptive`` and ``seed`` then change nothing.
+        stock_engine: run the encoder and every call outside the loop (``generate()`` where
+            the loop does not run or does not pay, beam search, ``detect_language``,
+            ``align``) on stock ctranslate2 in a worker process (``ct2_flash.stock``), which is
+            faster than the patched runtime on these CPUs; the loop gets a copy of the
+            encoder output when a call speculates. Costs a second copy of the model in memory.
+            If the worker cannot start or dies, one warning, and the patched runtime serves
+            the calls (a dead worker is started again on the next call). CPU only.
     """
 
     def __init__(
@@ -322,6 +343,7 @@ class FlashWhisperModel(WhisperModel):
         draw_drafts: bool = True,
         policy: Optional[SpeculationPolicy] = None,
         near_exact: bool = False,
+        stock_engine: bool = False,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -361,7 +383,20 @@ class FlashWhisperModel(WhisperModel):
             ctranslate2.set_random_seed(seed)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy(), near_exact)
+        engines = Engines(self.model, self._stock_engine(model_path, args, kwargs, seed) if stock_engine else None)
+        weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy(), near_exact,
+                                        engines)
+
+    def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int]) -> Optional[StockEngine]:
+        """The worker on stock ctranslate2, with this model's compute type and threads (CPU
+        only: the measured penalty is the patched runtime's CPU kernels)."""
+        if self.model.device != "cpu":
+            logger.info("ct2-flash: stock_engine only applies on CPU; the %s model serves every call", self.model.device)
+            return None
+        bound = inspect.signature(WhisperModel.__init__).bind(self, model_path, *args, **kwargs).arguments
+        return StockEngine(model_path, self.model.compute_type, intra_threads=bound.get("cpu_threads", 0),
+                           inter_threads=bound.get("num_workers", 1), seed=seed)
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""
@@ -403,7 +438,7 @@ class FlashWhisperModel(WhisperModel):
     def encode_window(self, audio: np.ndarray):
         """Encoder output (StorageView [1, frames, d_model]) of ``window_features(audio)``."""
         features = self.window_features(audio)
-        return self.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
+        return self.reference_model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
 
     @property
     def decoder(self) -> SpeculativeDecoder:

@@ -9,7 +9,7 @@ import ct2_flash
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bottom to top. A module may import from its own layer or any layer below it.
 LAYERS = [
-    ("engine",),                  # what the CTranslate2 runtime and its model files are
+    ("engine", "stock"),          # the CTranslate2 runtimes (patched here, stock in a worker) and model files
     ("drafting",),                # drafters: interface, files, ONNX round, PyTorch network
     ("runtime",),                 # target sequence, logit rules, acceptance, the loop
     ("audio", "policy", "thread_split", "outputs", "whisper_model"),  # the faster-whisper adapter

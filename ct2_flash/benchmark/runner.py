@@ -63,6 +63,8 @@ class BenchConfig:
             False proposes its most likely tokens outright (see ``SpeculativeDecoder``).
         near_exact: ``FlashWhisperModel(near_exact=...)``: also run the loop at compute types
             where it is not exact (int8); without it such settings measure ``generate()``.
+        stock_engine: ``FlashWhisperModel(stock_engine=...)``: the encoder and the calls
+            outside the loop on stock ctranslate2 in a worker process.
     """
 
     model: str = "tiny.en"
@@ -82,6 +84,7 @@ class BenchConfig:
     adaptive: bool = True
     draw_drafts: bool = True
     near_exact: bool = False
+    stock_engine: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperatures or not all(np.isfinite(t) and t >= 0 for t in self.temperatures):
@@ -123,7 +126,8 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
                               guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
                               drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive,
-                              draw_drafts=config.draw_drafts, near_exact=config.near_exact)
+                              draw_drafts=config.draw_drafts, near_exact=config.near_exact,
+                              stock_engine=config.stock_engine)
     if config.drafter == ORACLE:
         attach_oracle(flash, options)
     return flash
@@ -164,6 +168,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     finally:
         if stock is not None:
             stock.close()
+        flash.model.engines.close()  # its stock worker, if it has one
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
     return {"compute_type": compute_type, "threads": threads, "temperature": temperature,
             "drafter": type(flash.drafter).__name__,

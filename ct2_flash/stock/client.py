@@ -1,0 +1,268 @@
+"""The loop's side of the stock engine: ``StockEngine`` starts the worker, asks it, and copes
+when it cannot answer.
+
+One worker per engine, started on the first request, holding its own copy of the model. One
+request at a time (a lock): the worker's model runs each call on ``intra_threads`` threads, as
+the in-process model would. Every request has a deadline; a worker that misses it, dies or
+answers garbage is killed and ``StockUnavailable`` raised, so the caller can take the patched
+runtime instead (the features stay on this side for that). A worker that died is started again
+on the next request, up to ``MAX_RESTARTS`` times; one that cannot start is not tried again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from ct2_flash.stock import protocol
+from ct2_flash.stock.location import installed, stock_dir
+
+logger = logging.getLogger("ct2_flash")
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+MAX_RESTARTS = 3
+# Seconds: loading a model (base at int8: ~1 s here), and any one request (a 30 s window's
+# beam search on base takes a few seconds on 2 cores; this only catches a hung worker).
+START_TIMEOUT = 120.0
+REQUEST_TIMEOUT = 300.0
+
+
+class StockUnavailable(RuntimeError):
+    """The stock engine did not answer this request; the patched runtime must serve it."""
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Stands in for ``ctranslate2.models.WhisperGenerationResult``."""
+
+    sequences: List[List[str]]
+    sequences_ids: List[List[int]]
+    scores: List[float]
+    no_speech_prob: float
+
+
+@dataclass(frozen=True)
+class AlignmentResult:
+    """Stands in for ``ctranslate2.models.WhisperAlignmentResult``."""
+
+    alignments: List[tuple]
+    text_token_probs: List[float]
+
+
+class RemoteEncoding:
+    """Stands in for an encoder output ``StorageView`` that stays in the worker.
+
+    Attributes:
+        shape: [batch, frames, d_model], as the StorageView's.
+        features: [batch, n_mels, frames] float32, the input, kept so that the patched runtime
+            can encode it again if the worker cannot serve this encoding any more.
+    """
+
+    def __init__(self, engine: "StockEngine", handle: int, generation: int, shape: Sequence[int],
+                 features: np.ndarray) -> None:
+        self.handle, self.generation, self.shape, self.features = handle, generation, tuple(shape), features
+        # The worker may drop it once nothing here refers to it (told with the next request).
+        weakref.finalize(self, engine.release, handle, generation)
+
+
+class StockEngine:
+    """A Whisper model on stock ``ctranslate2`` in a worker process.
+
+    Args:
+        model_path: the CTranslate2 model directory.
+        compute_type: as resolved by the patched runtime's model (e.g. ``int8_float32``).
+        intra_threads, inter_threads: the worker model's threads.
+        seed: seeds the worker's sampling (``ctranslate2.set_random_seed``), or None.
+        directory: where stock ``ctranslate2`` is installed (default ``location.stock_dir()``).
+    """
+
+    def __init__(self, model_path: str, compute_type: str, intra_threads: int, inter_threads: int = 1,
+                 seed: Optional[int] = None, directory: str = "") -> None:
+        self._load = {"op": "load", "model": os.path.abspath(model_path), "compute_type": compute_type,
+                      "intra_threads": intra_threads, "inter_threads": inter_threads, "seed": seed}
+        self.directory = directory or stock_dir()
+        self.disabled: Optional[str] = None  # why the engine is not used any more
+        self.restarts = 0
+        self.generation = 0  # counts workers started: handles of an earlier one are void
+        self.version: Optional[str] = None
+        self._process: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()
+        self._blocks = protocol.Blocks(owner=True)
+        self._input = self._output = None
+        self._released: List[int] = []
+        self._pending = b""
+        self._died = False
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def encode(self, features: np.ndarray) -> RemoteEncoding:
+        """Encode [batch, n_mels, frames] float32 features; the output stays in the worker."""
+        features = np.ascontiguousarray(features, dtype=np.float32)
+        with self._lock:
+            self._input = self._block(self._input, features.nbytes)
+            self._blocks.array(self._input.name, features.shape)[...] = features
+            answer = self._ask({"op": "encode", "block": self._input.name, "shape": list(features.shape)})
+            return RemoteEncoding(self, answer["handle"], self.generation, answer["shape"], features)
+
+    def fetch(self, encoding: RemoteEncoding) -> np.ndarray:
+        """[batch, frames, d_model] float32: a copy of the encoder output, for the loop."""
+        with self._lock:
+            size = int(np.prod(encoding.shape)) * 4
+            self._output = self._block(self._output, size)
+            answer = self._ask(self._about(encoding, {"op": "fetch", "block": self._output.name}))
+            return np.array(self._blocks.array(self._output.name, answer["shape"]))
+
+    def generate(self, encoding: RemoteEncoding, prompts, options: dict) -> List[GenerationResult]:
+        """``Whisper.generate`` there, one result per row."""
+        with self._lock:
+            prompts = [[t if isinstance(t, str) else int(t) for t in prompt] for prompt in prompts]
+            answer = self._ask(self._about(encoding, {"op": "generate", "prompts": prompts, "options": options}))
+            return [GenerationResult(**result) for result in answer["results"]]
+
+    def detect_language(self, encoding: RemoteEncoding) -> list:
+        """``Whisper.detect_language`` there: per row, (token, probability) pairs, best first."""
+        with self._lock:
+            languages = self._ask(self._about(encoding, {"op": "detect_language"}))["languages"]
+            return [[(token, probability) for token, probability in row] for row in languages]
+
+    def align(self, encoding: RemoteEncoding, start_sequence, text_tokens, num_frames,
+              median_filter_width: int = 7) -> List[AlignmentResult]:
+        """``Whisper.align`` there."""
+        with self._lock:
+            frames = [int(n) for n in num_frames] if isinstance(num_frames, (list, tuple)) else int(num_frames)
+            answer = self._ask(self._about(encoding, {
+                "op": "align", "start_sequence": [int(t) for t in start_sequence],
+                "text_tokens": [[int(t) for t in row] for row in text_tokens], "num_frames": frames,
+                "median_filter_width": int(median_filter_width)}))
+            return [AlignmentResult([tuple(pair) for pair in r["alignments"]], r["text_token_probs"])
+                    for r in answer["alignments"]]
+
+    def release(self, handle: int, generation: int) -> None:
+        """An encoding is gone on this side: the worker may drop it (told with the next request)."""
+        if generation == self.generation:
+            self._released.append(handle)  # list.append is atomic: no lock (finalizers run anywhere)
+
+    def close(self) -> None:
+        """Stop the worker (it exits when its stdin closes) and free the shared memory."""
+        with self._lock:
+            self._stop(kill=False)
+            self._blocks.close()
+            self._input = self._output = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def _about(self, encoding: RemoteEncoding, request: dict) -> dict:
+        if encoding.generation != self.generation:
+            raise StockUnavailable("the worker that held this encoding has stopped")
+        return {**request, "handle": encoding.handle}
+
+    def _block(self, block, size: int):
+        if block is not None and block.size >= size:
+            return block
+        if block is not None:
+            self._blocks.drop(block.name)
+        return self._blocks.create(size)
+
+    def _ask(self, request: dict) -> dict:
+        """Send one request, wait for its answer (the lock is held)."""
+        self._ensure_started()
+        released, self._released = self._released, []
+        try:
+            self._process.stdin.write(protocol.encode({**request, "release": released}))
+            self._process.stdin.flush()
+            answer = protocol.decode(self._read_line(REQUEST_TIMEOUT))
+        except (OSError, EOFError, ValueError, TimeoutError) as error:
+            self._failed(f"the stock engine's worker stopped answering ({type(error).__name__}: {error})")
+        if "error" in answer:
+            if answer["error"] == "unknown handle":
+                raise StockUnavailable("the worker no longer holds this encoding")
+            raise RuntimeError(f"stock ctranslate2: {answer['error']}")  # the engine's own error, as in-process
+        return answer
+
+    def _ensure_started(self) -> None:
+        if self.disabled is not None:
+            raise StockUnavailable(self.disabled)
+        if self.running:
+            return
+        if self._process is not None or self._died:  # it died since it last answered
+            self._stop(kill=True)
+            if self.restarts >= MAX_RESTARTS:
+                self._disable(f"the stock engine's worker died {MAX_RESTARTS + 1} times")
+            self.restarts += 1
+            self._died = False
+        if not installed(self.directory):
+            self._disable(f"stock ctranslate2 is not installed in {self.directory} (bash scripts/install.sh, or "
+                          "python -m ct2_flash.stock.location)")
+        self.generation += 1
+        self._pending = b""
+        try:
+            self._process = subprocess.Popen([sys.executable, WORKER, self.directory], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=None)
+            self._process.stdin.write(protocol.encode(self._load))
+            self._process.stdin.flush()
+            answer = protocol.decode(self._read_line(START_TIMEOUT))
+        except (OSError, EOFError, ValueError, TimeoutError) as error:
+            self._stop(kill=True)
+            self._disable(f"the stock engine's worker did not start ({type(error).__name__}: {error})")
+        if not answer.get("ready"):
+            self._stop(kill=True)
+            self._disable(f"the stock engine could not load {self._load['model']}: {answer.get('error')}")
+        self.version = answer["version"]
+
+    def _read_line(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        stream = self._process.stdout
+        with selectors.DefaultSelector() as selector:
+            selector.register(stream, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise TimeoutError(f"no answer within {timeout:.0f} s")
+                chunk = os.read(stream.fileno(), 1 << 16)
+                if not chunk:
+                    raise EOFError(f"the worker exited (code {self._process.poll()})") from None
+                self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def _failed(self, reason: str) -> None:
+        self._stop(kill=True)
+        self._died = True
+        raise StockUnavailable(reason)
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        raise StockUnavailable(reason)
+
+    def _stop(self, kill: bool) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if kill:
+                process.kill()
+            else:
+                process.stdin.close()
+            process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+        for stream in (process.stdin, process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass

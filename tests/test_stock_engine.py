@@ -1,0 +1,167 @@
+"""The stock engine's worker: same outputs as the patched runtime alone, and every way it can
+fail ends in one warning and the patched runtime's output, never in a hang or a lost call."""
+
+import gc
+import logging
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from ct2_flash import FlashWhisperModel
+from ct2_flash.stock import client
+from ct2_flash.stock.client import RemoteEncoding, StockEngine
+from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
+
+from .conftest import THREADS, segments_of
+
+SHORT = ("clip00_kal16.ogg", "clip04_slt.ogg", "clip12_awb.ogg")
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def stock_flash(model_path):
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
+    yield flash
+    flash.model.engines.close()
+
+
+def test_the_stock_release_is_installed_beside_the_patched_runtime():
+    import ctranslate2
+
+    assert installed(), "bash scripts/install.sh installs it (python -m ct2_flash.stock.location)"
+    assert hasattr(ctranslate2.models.Whisper, "forward_batch")  # this process keeps the patched one
+
+
+def test_worker_answers_as_the_patched_runtime_does(model_path, float32_pair, clips):
+    """Encoder output, greedy and beam tokens, alignment: the worker (stock 4.8.5) against the
+    patched runtime on the same features."""
+    import ctranslate2
+
+    flash = float32_pair.flash
+    features = flash.window_features(clips["clip12_awb.ogg"])[None]
+    engine = StockEngine(model_path, "float32", THREADS)
+    try:
+        remote = engine.encode(features)
+        assert isinstance(remote, RemoteEncoding) and engine.version == STOCK_CTRANSLATE2
+        local = flash.reference_model.encode(ctranslate2.StorageView.from_array(features))
+        np.testing.assert_allclose(engine.fetch(remote), np.asarray(local), rtol=0, atol=1e-4)
+        for options in ({"beam_size": 1}, {"beam_size": 5, "return_scores": True}):
+            mine = engine.generate(remote, [[50257]], dict(options))[0]
+            theirs = flash.reference_model.generate(local, [[50257]], **options)[0]
+            assert mine.sequences_ids == theirs.sequences_ids and mine.sequences == theirs.sequences
+        tokens = mine.sequences_ids[0]
+        aligned = engine.align(remote, [50257], [tokens], [1500])[0]
+        reference = flash.reference_model.align(local, [50257], [tokens], [1500])[0]
+        assert aligned.alignments == [tuple(pair) for pair in reference.alignments]
+        np.testing.assert_allclose(aligned.text_token_probs, reference.text_token_probs, atol=1e-4)
+        # The engine's own errors come back as errors, as in-process.
+        with pytest.raises(RuntimeError, match="multilingual"):
+            engine.detect_language(remote)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("options, names", [
+    ({"beam_size": 1}, SHORT),
+    ({"beam_size": 5}, SHORT[:1]),
+    ({"beam_size": 1, "word_timestamps": True}, SHORT[2:]),
+    pytest.param({"beam_size": 1}, None, marks=pytest.mark.slow),
+    pytest.param({"beam_size": 5}, None, marks=pytest.mark.slow),
+    pytest.param({"beam_size": 1, "word_timestamps": True}, None, marks=pytest.mark.slow),
+], ids=["greedy", "beam", "words", "greedy-all", "beam-all", "words-all"])
+def test_model_with_the_worker_gives_the_same_segments(stock_flash, float32_pair, clips, options, names):
+    stock_flash.reset_spec_stats()
+    for name in names or clips:
+        assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options), name
+    engines = stock_flash.model.engines
+    assert engines.stock.running and engines.stock_failures == 0
+
+
+def test_int8_through_the_worker_is_faster_whispers_output(model_path, clips):
+    """At int8 every call goes outside the loop, so here the worker serves the whole path."""
+    from .conftest import ModelPair, _PAIRS
+
+    pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
+    _PAIRS["int8"] = pair
+    flash = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, stock_engine=True)
+    for name in SHORT:
+        assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1), name
+    assert flash.model.engines.stock.running and flash.model.engines.stock_failures == 0
+
+
+def test_a_killed_worker_loses_nothing_and_is_started_again(model_path, float32_pair, clips, caplog):
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
+    engine = flash.model.engines.stock
+    name = "clip12_awb.ogg"
+    expected = float32_pair.reference(name, clips[name], beam_size=1)
+    assert segments_of(flash, clips[name], beam_size=1) == expected
+    first = engine._process.pid
+    # Killed while transcribing: encodings it held are gone, the patched runtime takes over.
+    killer = threading.Timer(0.05, os.kill, (first, signal.SIGKILL))
+    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
+        killer.start()
+        for _ in range(3):
+            assert segments_of(flash, clips[name], beam_size=1) == expected
+        killer.join()
+    assert not _alive(first)
+    assert engine.running and engine._process.pid != first and engine.restarts == 1  # started again
+    assert flash.model.engines.stock_failures >= 1
+    assert len([r for r in caplog.records if "patched runtime serves this call" in r.getMessage()]) == 1
+    worker = engine._process.pid
+    del flash, engine
+    gc.collect()
+    assert not _alive(worker)  # stopped with the model, no zombie
+
+
+def test_a_hung_worker_times_out(model_path, float32_pair, clips, monkeypatch):
+    monkeypatch.setattr(client, "REQUEST_TIMEOUT", 2.0)
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
+    name = "clip04_slt.ogg"
+    expected = float32_pair.reference(name, clips[name], beam_size=1)
+    assert segments_of(flash, clips[name], beam_size=1) == expected
+    hung = flash.model.engines.stock._process.pid
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        assert segments_of(flash, clips[name], beam_size=1) == expected
+    finally:
+        try:
+            os.kill(hung, signal.SIGCONT)
+        except ProcessLookupError:  # killed at the deadline, as it should be
+            pass
+    assert not _alive(hung)  # killed after the deadline
+    flash.model.engines.close()
+
+
+def test_a_missing_stock_engine_warns_once_and_changes_nothing(model_path, float32_pair, clips, tmp_path, monkeypatch,
+                                                               caplog):
+    monkeypatch.setenv("CT2_FLASH_STOCK_DIR", str(tmp_path / "nowhere"))
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
+    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
+        for name in SHORT[:2]:
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+    warnings = [r.getMessage() for r in caplog.records if "stock ctranslate2 is not installed" in r.getMessage()]
+    assert len(warnings) == 1 and "scripts/install.sh" in warnings[0]
+    assert flash.model.engines.stock.disabled and not flash.model.engines.stock.running
+
+
+def test_four_threads_share_one_worker(model_path, float32_pair, clips):
+    from concurrent.futures import ThreadPoolExecutor
+
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, num_workers=4, stock_engine=True)
+    names = list(SHORT) * 2 + ["clip06_awb.ogg", "clip09_kal16.ogg"]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda name: segments_of(flash, clips[name], beam_size=1), names))
+    assert got == [float32_pair.reference(name, clips[name], beam_size=1) for name in names]
+    assert flash.model.engines.stock_failures == 0
+    flash.model.engines.close()
