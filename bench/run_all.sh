@@ -20,6 +20,9 @@ OUT=bench/results
 # Real speech against faster-whisper on the same engine and on stock ctranslate2.
 $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
   --repeats 2 --stock --out $OUT/real_speech
+# The same with the stock engine's worker serving the encoder and every call outside the loop.
+$PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
+  --repeats 1 --stock --stock-engine --out $OUT/stock_engine
 # Temperature sampling through the loop: the default model, and drafting every round.
 $PY -m ct2_flash.cli bench --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
   --repeats 1 --out $OUT/sampling_default

@@ -133,6 +133,7 @@ def _bench(args: argparse.Namespace) -> int:
               f"whole {whole['speedup']:.2f}x [{whole['low']:.2f}, {whole['high']:.2f}], "
               f"identical {identity['identical']}/{identity['of']}, calls speculative / generate() "
               f"{summary['speculative_rows']} / {summary['generate_rows']}"
+              + (f" (+ {summary['other_calls']} generate() for a reason of their own)" if summary.get("other_calls") else "")
               + (f", {summary['tokens_per_target_call']:.2f} tokens per target call"
                  if summary["tokens_per_target_call"] is not None else ""))
         for section in setting.get("batched", []):

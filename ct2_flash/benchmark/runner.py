@@ -301,6 +301,8 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         # sent to CTranslate2's generate(); timing-dependent, from the first repeat.
         "speculative_rows": counts.generate_calls,
         "generate_rows": counts.generate_rows,
+        # Calls generate() served for a reason of their own (int8 without near_exact, beam search).
+        "other_calls": counts.fallback_calls,
         "calibration": [[list(cell) for cell in position] for position in counts.calibration],
         "proposed_by_position": list(counts.proposed_by_position),
         "accepted_by_position": list(counts.accepted_by_position),
@@ -380,6 +382,7 @@ def summarise(rows: Sequence[dict]) -> dict:
         "rows_rechecked": sum(r["rows_rechecked"] for r in rows),
         "speculative_rows": sum(r.get("speculative_rows", 0) for r in rows),
         "generate_rows": sum(r.get("generate_rows", 0) for r in rows),
+        "other_calls": sum(r.get("other_calls", 0) for r in rows),
         "draft_round_ms": _ratio(1e3 * sum(r["flash"]["drafter"] for r in rows), sum(r["draft_rounds"] for r in rows)),
         "calibration": _calibration(rows),
         "systems": systems,
