@@ -23,6 +23,14 @@ $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-
 # The same with the stock engine's worker serving the encoder and every call outside the loop.
 $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
   --repeats 1 --stock --stock-engine --out $OUT/stock_engine
+# int8 as it runs by default (generate()), and with near_exact=True under the default policy.
+for variant in "timestamps" "no_timestamps --no-timestamps" "near_exact_timestamps --near-exact" \
+               "near_exact_no_timestamps --near-exact --no-timestamps"; do
+  read -r name flags <<<"$variant"
+  # shellcheck disable=SC2086  # flags are several words
+  $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 --repeats 1 $flags \
+    --out $OUT/int8_default/$name
+done
 # Temperature sampling through the loop: the default model, and drafting every round.
 $PY -m ct2_flash.cli bench --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
   --repeats 1 --out $OUT/sampling_default

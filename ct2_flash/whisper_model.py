@@ -289,7 +289,7 @@ class FlashWhisperModel(WhisperModel):
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
             thread can be faster than several; the encoder is one large call that wants them
-            all. Costs the model's weights once more in memory; which is faster depends on the
+            all. Only where the loop can run (float32, or ``near_exact``). Costs the model's weights once more in memory; which is faster depends on the
             CPU (docs/usage.md, "Decoder threads"). None uses the one model; "auto" (default), for int8 models up to 512 wide (tiny, base), times
             a verification on both and keeps the faster (``thread_split``; the measurement is
             ``decoder_split``), and uses the one model otherwise.
@@ -366,8 +366,10 @@ class FlashWhisperModel(WhisperModel):
                            num_draft_tokens, trained, trained)
             num_draft_tokens = trained
         config = load_config(model_path)
+        # Where the loop never runs (int8 without near_exact), no second model for it.
+        loop_runs = near_exact or self.model.compute_type == EXACT_COMPUTE_TYPE
         runtime = TargetRuntime(
-            self._decoder_model(model_path, decoder_threads),
+            self._decoder_model(model_path, decoder_threads if loop_runs else None),
             model_path,
             special,
             suppress_ids=config.get("suppress_ids", ()),

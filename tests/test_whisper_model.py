@@ -142,7 +142,8 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
 
     pair = {}
     for compute_type in ("float32", "int8"):
-        split = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, decoder_threads=1)
+        split = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, decoder_threads=1,
+                                  near_exact=True)
         runtime = split.decoder.runtime
         assert runtime.model is not split.reference_model  # encoder and fallbacks keep cpu_threads
         encoder_output = split.encode_window(clips["clip12_awb.ogg"])
@@ -166,14 +167,17 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
             FlashWhisperModel(model_path, decoder_threads=bad)
     # "auto" (the default) times a one-thread decoder against the shared model for int8 tiny.en
     # and keeps the faster (which one is the CPU's business); float32 never splits.
-    model = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS)
+    model = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, near_exact=True)
     choice = model.decoder_split
     assert choice.shared_ms > 0 and choice.one_thread_ms > 0
     assert (model.decoder.runtime.model is not model.reference_model) is choice.split
     model = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS)
     assert model.decoder_split is None and model.decoder.runtime.model is model.reference_model
-    single = FlashWhisperModel(model_path, compute_type="int8", decoder_threads=None)
+    single = FlashWhisperModel(model_path, compute_type="int8", decoder_threads=None, near_exact=True)
     assert single.decoder.runtime.model is single.reference_model
+    # Without near_exact the int8 loop never runs: no second model, nothing timed.
+    unused = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, decoder_threads=1)
+    assert unused.decoder_split is None and unused.decoder.runtime.model is unused.reference_model
 
 
 def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_path, caplog):
