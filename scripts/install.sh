@@ -31,4 +31,4 @@ fi
 "$PY" -c "import ct2_flash" # fails with the fix if the runtime is not the patched one
 # Stock ctranslate2 for the worker (FlashWhisperModel(stock_engine=True)), in a private
 # directory of the environment: never on its import path, so the patched runtime stays.
-"$PY" -m ct2_flash.stock.location >/dev/null
+"$PY" -m ct2_flash.stock >/dev/null

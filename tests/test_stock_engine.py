@@ -39,7 +39,7 @@ def stock_flash(model_path):
 def test_the_stock_release_is_installed_beside_the_patched_runtime():
     import ctranslate2
 
-    assert installed(), "bash scripts/install.sh installs it (python -m ct2_flash.stock.location)"
+    assert installed(), "bash scripts/install.sh installs it (python -m ct2_flash.stock)"
     assert hasattr(ctranslate2.models.Whisper, "forward_batch")  # this process keeps the patched one
 
 

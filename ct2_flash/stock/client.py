@@ -102,6 +102,9 @@ class StockEngine:
         self._released: List[int] = []
         self._pending = b""
         self._died = False
+        # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
+        # worker spent on them]; the difference is pipes, shared memory and JSON.
+        self.timings: dict = {}
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -181,12 +184,17 @@ class StockEngine:
         """Send one request, wait for its answer (the lock is held)."""
         self._ensure_started()
         released, self._released = self._released, []
+        started = time.perf_counter()
         try:
             self._process.stdin.write(protocol.encode({**request, "release": released}))
             self._process.stdin.flush()
             answer = protocol.decode(self._read_line(REQUEST_TIMEOUT))
         except (OSError, EOFError, ValueError, TimeoutError) as error:
             self._failed(f"the stock engine's worker stopped answering ({type(error).__name__}: {error})")
+        timing = self.timings.setdefault(request["op"], [0, 0.0, 0.0])
+        timing[0] += 1
+        timing[1] += time.perf_counter() - started
+        timing[2] += answer.get("seconds", 0.0)
         if "error" in answer:
             if answer["error"] == "unknown handle":
                 raise StockUnavailable("the worker no longer holds this encoding")
@@ -206,7 +214,7 @@ class StockEngine:
             self._died = False
         if not installed(self.directory):
             self._disable(f"stock ctranslate2 is not installed in {self.directory} (bash scripts/install.sh, or "
-                          "python -m ct2_flash.stock.location)")
+                          "python -m ct2_flash.stock)")
         self.generation += 1
         self._pending = b""
         try:

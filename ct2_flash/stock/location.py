@@ -45,6 +45,3 @@ def install(directory: str = "") -> str:
                            f"{result.stderr.strip()}")
     return directory
 
-
-if __name__ == "__main__":  # python -m ct2_flash.stock.location: what scripts/install.sh runs
-    print(install())

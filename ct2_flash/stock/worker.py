@@ -13,13 +13,15 @@ runtime. Requests, one JSON line each on stdin (answers on stdout, errors as {"e
     {"op": "align", "handle": H, "start_sequence": [...], "text_tokens": [...], "num_frames": N,
      "median_filter_width": 7}                                         -> {"alignments": [...]}
 
-Every request may carry "release": [H, ...], encoder outputs the client no longer holds. The
+Every answer carries "seconds", the time the request took here. Every request may carry
+"release": [H, ...], encoder outputs the client no longer holds. The
 newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
 "unknown handle"} and the client encodes again.
 """
 
 import os
 import sys
+import time
 from collections import OrderedDict
 
 KEPT = 32
@@ -38,6 +40,7 @@ def serve(stdin, stdout) -> None:
         for handle in request.get("release", ()):
             outputs.pop(handle, None)
         op = request["op"]
+        started = time.perf_counter()
         try:
             if op == "load":
                 if request.get("seed") is not None:
@@ -75,6 +78,7 @@ def serve(stdin, stdout) -> None:
                 answer = {"error": f"unknown request {op!r}"}
         except Exception as error:  # the engine's errors go back to the caller, who decides
             answer = {"error": f"{type(error).__name__}: {error}"}
+        answer["seconds"] = time.perf_counter() - started  # the work itself: the rest is the channel's
         stdout.write(protocol.encode(answer))
         stdout.flush()
     blocks.close()
