@@ -31,6 +31,11 @@ for variant in "timestamps" "no_timestamps --no-timestamps" "near_exact_timestam
   $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 --repeats 1 $flags \
     --out $OUT/int8_default/$name
 done
+$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 --repeats 1 --stock --stock-engine \
+  --out $OUT/stock_engine_test_clips
+# The stock engine's worker: its channel per window, and its memory.
+$PY bench/stock_worker_overhead.py --out $OUT/stock_worker/overhead.json
+$PY bench/stock_worker_memory.py --out $OUT/stock_worker/memory.json
 # Temperature sampling through the loop: the default model, and drafting every round.
 $PY -m ct2_flash.cli bench --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
   --repeats 1 --out $OUT/sampling_default
