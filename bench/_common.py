@@ -77,3 +77,24 @@ def save_figure(figure, path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def record_verifications(runtime, passes: list) -> None:
+    """Record every verification of the sequences ``runtime.start`` returns from now on, as
+    (cache length before, tokens, raw rows [T, vocab] copied); ``del runtime.start`` stops it."""
+    start = runtime.start
+
+    def recording_start(encoder_output, prompt):
+        prefill = start(encoder_output, prompt)
+        sequence, verify = prefill.sequence, prefill.sequence.verify
+
+        def recording_verify(tokens):
+            length = sequence.length
+            rows = verify(tokens)
+            passes.append((length, [int(t) for t in tokens], rows.copy()))
+            return rows
+
+        sequence.verify = recording_verify
+        return prefill
+
+    runtime.start = recording_start

@@ -32,28 +32,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from _common import machine, save_figure, write_result
-
-
-def _record_verifications(runtime, calls: list):
-    """Patch ``runtime.start`` so that every verification of the sequence it returns is recorded."""
-    start = runtime.start
-
-    def recording_start(encoder_output, prompt):
-        prefill = start(encoder_output, prompt)
-        sequence = prefill.sequence
-        verify = sequence.verify
-
-        def recording_verify(tokens):
-            length = sequence.length
-            rows = verify(tokens)
-            calls.append((length, [int(t) for t in tokens], rows.copy()))
-            return rows
-
-        sequence.verify = recording_verify
-        return prefill
-
-    runtime.start = recording_start
+from _common import machine, record_verifications, save_figure, write_result
 
 
 def _single_steps(runtime, encoder_output, prompt, tokens):
@@ -71,7 +50,7 @@ def deviations(decoder, encoder_output, prompt, options):
 
     runtime = decoder.runtime
     calls: list = []
-    _record_verifications(runtime, calls)
+    record_verifications(runtime, calls)
     try:
         result = decoder.decode(encoder_output, prompt, options)
     finally:

@@ -28,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-from _common import machine, write_result
+from _common import machine, record_verifications, write_result
 
 from ct2_flash import FlashWhisperModel, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest
@@ -59,27 +59,6 @@ def joined_windows(speech_sets, shortest: float, longest: float) -> list:
             windows.append(np.concatenate(pieces))
             pieces, length = [], 0
     return windows
-
-
-def record_passes(runtime, passes: list) -> None:
-    """Record every verification of the sequences ``runtime.start`` returns from now on:
-    (cache length, tokens, raw rows [T, vocab])."""
-    start = runtime.start
-
-    def recording_start(encoder_output, prompt):
-        prefill = start(encoder_output, prompt)
-        sequence, verify = prefill.sequence, prefill.sequence.verify
-
-        def recording_verify(tokens):
-            length = sequence.length
-            rows = verify(tokens)
-            passes.append((length, [int(t) for t in tokens], rows.copy()))
-            return rows
-
-        sequence.verify = recording_verify
-        return prefill
-
-    runtime.start = recording_start
 
 
 def decision_margins(rules, row: np.ndarray, context) -> dict:
@@ -185,7 +164,7 @@ def main() -> None:
                 "random": RandomDrafter(special.vocab_size, seed=5)}
     prompts = {"timestamps": [special.sot], "no_timestamps": [special.sot, special.no_timestamps]}
     passes: list = []
-    record_passes(decoder.runtime, passes)
+    record_verifications(decoder.runtime, passes)
     encoded = [flash.encode_window(window) for window in windows]
     closeness = {name: close_decisions(decoder, encoded, prompt) for name, prompt in prompts.items()}
     print("plain greedy's own close decisions:", closeness, flush=True)
