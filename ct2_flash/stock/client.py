@@ -184,9 +184,14 @@ class StockEngine:
         """Send one request, wait for its answer (the lock is held)."""
         self._ensure_started()
         released, self._released = self._released, []
+        try:
+            message = protocol.encode({**request, "release": released})
+        except (TypeError, ValueError) as error:  # an option JSON cannot carry: this call stays here
+            self._released.extend(released)
+            raise StockUnavailable(f"the request cannot be sent to the stock engine ({error})") from None
         started = time.perf_counter()
         try:
-            self._process.stdin.write(protocol.encode({**request, "release": released}))
+            self._process.stdin.write(message)
             self._process.stdin.flush()
             answer = protocol.decode(self._read_line(REQUEST_TIMEOUT))
         except (OSError, EOFError, ValueError, TimeoutError) as error:
