@@ -165,3 +165,17 @@ def test_four_threads_share_one_worker(model_path, float32_pair, clips):
     assert got == [float32_pair.reference(name, clips[name], beam_size=1) for name in names]
     assert flash.model.engines.stock_failures == 0
     flash.model.engines.close()
+
+
+@pytest.mark.slow
+def test_batched_pipeline_through_the_worker(stock_flash, float32_pair, clips):
+    """Batched windows: one encoding of several rows in the worker, rows copied out for the loop."""
+    from faster_whisper import BatchedInferencePipeline as FasterBatched
+
+    from ct2_flash import BatchedInferencePipeline
+
+    audio = clips["long_multi_voice.ogg"]
+    expected = FasterBatched(float32_pair.baseline).transcribe(audio, batch_size=4, beam_size=1)[0]
+    got = BatchedInferencePipeline(stock_flash).transcribe(audio, batch_size=4, beam_size=1)[0]
+    assert [(s.tokens, s.start, s.end) for s in got] == [(s.tokens, s.start, s.end) for s in expected]
+    assert stock_flash.model.engines.stock_failures == 0 and stock_flash.model.engines.stock.timings["encode"][0] > 0
