@@ -51,6 +51,15 @@ _BEAM_SEARCH = "beam search is not speculative"
 # The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
 # logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.
 EXACT_COMPUTE_TYPE = "float32"
+
+
+def inexact_reason(compute_type: str, near_exact: bool) -> Optional[str]:
+    """Why the loop may not run at ``compute_type`` (None: it may), the one place that decides."""
+    if near_exact or compute_type == EXACT_COMPUTE_TYPE:
+        return None
+    return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
+
+
 _FALLBACK_HINTS = {_BEAM_SEARCH: " (pass beam_size=1 to transcribe() for speculative greedy decoding)"}
 _INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
                  "most windows but not all: docs/exactness.md)")
@@ -119,10 +128,7 @@ class SpeculativeWhisper:
         # Where encoder outputs and the calls outside the loop run (stock engine or patched).
         self.engines = engines or Engines(model)
         # Where the loop's passes are not single steps' computation, only an opt-in runs it.
-        compute_type = decoder.runtime.model.compute_type
-        self.inexact_reason: Optional[str] = None if near_exact or compute_type == EXACT_COMPUTE_TYPE else (
-            f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not "
-            f"be exact")
+        self.inexact_reason = inexact_reason(decoder.runtime.model.compute_type, near_exact)
         self.policy = policy or SpeculationPolicy()
         self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
         self._vocabulary = vocabulary
@@ -367,7 +373,7 @@ class FlashWhisperModel(WhisperModel):
             num_draft_tokens = trained
         config = load_config(model_path)
         # Where the loop never runs (int8 without near_exact), no second model for it.
-        loop_runs = near_exact or self.model.compute_type == EXACT_COMPUTE_TYPE
+        loop_runs = inexact_reason(self.model.compute_type, near_exact) is None
         runtime = TargetRuntime(
             self._decoder_model(model_path, decoder_threads if loop_runs else None),
             model_path,

@@ -166,10 +166,15 @@ class StockEngine:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def holds(self, encoding: RemoteEncoding) -> bool:
+        """Whether the running worker made ``encoding`` (one started since cannot serve it)."""
+        return encoding.generation == self.generation and self.running
+
     # -- the worker ---------------------------------------------------------------------------
 
     def _about(self, encoding: RemoteEncoding, request: dict) -> dict:
-        if encoding.generation != self.generation:
+        # Checked before asking: asking would start a new worker that cannot hold it.
+        if not self.holds(encoding):
             raise StockUnavailable("the worker that held this encoding has stopped")
         return {**request, "handle": encoding.handle}
 
