@@ -116,7 +116,7 @@ def main() -> None:
     model_path = resolve_model("tiny.en")
     utterances = [u for name in args.speech_set for u in read_manifest(fetch(name, ""))[: args.limit]]
     audio = load_audio(utterances)
-    flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
                               decoder_threads=None, adaptive=False, guard_margin=0.0)
     decoder = flash.decoder
     special = decoder.runtime.special
@@ -146,7 +146,7 @@ def main() -> None:
     candidates = [("derived", tuple(margins)), ("fixed 1.0", 1.0), ("fixed 1.5", 1.5), ("fixed 2.0", 2.0), ("fixed 3.0", 3.0)]
     for name, guard in candidates:
         # The margin is a constructor argument: one model per candidate, on the same engine settings.
-        flash = FlashWhisperModel(model_path, compute_type=args.compute_type, cpu_threads=args.threads,
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
                                   decoder_threads=None, adaptive=False, guard_margin=guard)
         decoder = flash.decoder
         identical = total = 0

@@ -156,7 +156,7 @@ def main() -> None:
 
     windows = joined_windows(args.speech_set, 20.0, 29.0)
     windows = windows[: args.windows] if args.windows else windows
-    flash = FlashWhisperModel(resolve_model("tiny.en"), compute_type=args.compute_type, cpu_threads=args.threads,
+    flash = FlashWhisperModel(resolve_model("tiny.en"), stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
                               decoder_threads=None, adaptive=False)
     decoder, special = flash.decoder, flash.decoder.runtime.special
     drafters = {"shipped": decoder.drafter,

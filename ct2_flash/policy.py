@@ -92,3 +92,34 @@ class SpeculationPolicy:
         else:
             previous = self.generate_cost.get(batch_size)
             self.generate_cost[batch_size] = cost if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * cost
+
+
+@dataclass
+class EnginePolicy:
+    """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in
+    the stock worker: the worker (what faster-whisper users run, measured first) or the patched
+    runtime, on a copy of the encoding. The two engines' greedy decoders differ in speed by CPU
+    and compute type (the patched one 1-11% faster or 18% slower, docs/measurements.md), not in
+    tokens (``bench/fork_generate.py`` measures that). Same measurement and probing as
+    ``SpeculationPolicy``, with the patched runtime in the loop's place.
+    """
+
+    choice: SpeculationPolicy = field(default_factory=SpeculationPolicy)
+
+    def patched(self, batch_size: int) -> bool:
+        """Whether the next greedy call with ``batch_size`` rows should run on the patched runtime."""
+        return self.choice.speculate(batch_size)
+
+    def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
+        """Fold one call into the running costs (as ``SpeculationPolicy.record``)."""
+        self.choice.record(patched, batch_size, seconds, tokens)
+
+    @property
+    def patched_cost(self) -> Optional[float]:
+        """Running seconds per token on the patched runtime, None before one."""
+        return self.choice.speculative_cost
+
+    @property
+    def stock_cost(self) -> Dict[int, float]:
+        """Batch size -> running seconds per token in the worker."""
+        return self.choice.generate_cost

@@ -34,7 +34,7 @@ from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.target import TargetRuntime
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
-from ct2_flash.stock.engines import Engines
+from ct2_flash.engines import Engines
 from ct2_flash.thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
@@ -329,11 +329,16 @@ class FlashWhisperModel(WhisperModel):
             ``adaptive`` and ``seed`` then change nothing.
         stock_engine: run the encoder and every call outside the loop (``generate()`` where
             the loop does not run or does not pay, beam search, ``detect_language``,
-            ``align``) on stock ctranslate2 in a worker process (``ct2_flash.stock``), which is
-            faster than the patched runtime on these CPUs; the loop gets a copy of the
-            encoder output when a call speculates. Costs a second copy of the model in memory.
-            If the worker cannot start or dies, one warning, and the patched runtime serves
-            the calls (a dead worker is started again on the next call). CPU only.
+            ``align``) on stock ctranslate2 in a worker process (``ct2_flash.stock``, started
+            on the first call), which is faster than the patched runtime on these CPUs; the
+            output is then faster-whisper's on stock ctranslate2, the engine users run. The
+            loop gets a copy of the encoder output when a call speculates, and greedy
+            ``generate()`` calls run on the patched runtime instead where that measured
+            faster (``policy.EnginePolicy``). Costs a second copy of the model in memory (the
+            sizes: README). If the worker cannot start or dies, one warning, and the patched
+            runtime serves the calls (a dead worker is started again on the next call). CPU
+            only. False: the patched runtime serves everything (output: faster-whisper's on
+            the patched runtime).
     """
 
     def __init__(
@@ -349,7 +354,7 @@ class FlashWhisperModel(WhisperModel):
         draw_drafts: bool = True,
         policy: Optional[SpeculationPolicy] = None,
         near_exact: bool = False,
-        stock_engine: bool = False,
+        stock_engine: bool = True,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -403,8 +408,12 @@ class FlashWhisperModel(WhisperModel):
             logger.info("ct2-flash: stock_engine only applies on CPU; the %s model serves every call", self.model.device)
             return None
         bound = inspect.signature(WhisperModel.__init__).bind(self, model_path, *args, **kwargs).arguments
-        return StockEngine(model_path, self.model.compute_type, intra_threads=bound.get("cpu_threads", 0),
-                           inter_threads=bound.get("num_workers", 1), seed=seed)
+        engine = StockEngine(model_path, self.model.compute_type, intra_threads=bound.get("cpu_threads", 0),
+                             inter_threads=bound.get("num_workers", 1), seed=seed)
+        # It loads its model while the caller gets its audio ready: the first call does not wait
+        # a whole start (about a second for tiny.en).
+        engine.start()
+        return engine
 
     def _decoder_model(self, model_path: str, threads: Union[int, str, None]):
         """The CTranslate2 model the speculative loop drives (see ``decoder_threads``)."""

@@ -54,7 +54,7 @@ class ModelPair:
     def __init__(self, path: str, compute_type: str) -> None:
         self.compute_type = compute_type
         self.baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=THREADS)
-        self.flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=THREADS)
+        self.flash = FlashWhisperModel(path, stock_engine=False, compute_type=compute_type, cpu_threads=THREADS)
         self._references: Dict[Tuple, List] = {}
 
     def reference(self, name: str, audio: np.ndarray, **options) -> List:

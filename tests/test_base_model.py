@@ -31,7 +31,7 @@ FUZZ_CASES = 24
 @pytest.fixture(scope="module")
 def base():
     path = resolve_model("base")
-    flash = FlashWhisperModel("base", compute_type="float32", cpu_threads=THREADS)
+    flash = FlashWhisperModel("base", stock_engine=False, compute_type="float32", cpu_threads=THREADS)
     return WhisperModel(path, compute_type="float32", cpu_threads=THREADS), flash
 
 

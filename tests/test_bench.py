@@ -247,6 +247,18 @@ def test_stock_worker_protocol(model_path, clips):
     assert 0 < got.decode_seconds < got.whole_seconds
 
 
+def test_demo_compares_with_faster_whisper_on_both_engines(capsys):
+    """The README's first command: the text, then identity and speed against faster-whisper on
+    stock ctranslate2 and on the patched runtime; exit 0 when the tokens are stock's."""
+    from ct2_flash.cli import main
+
+    assert main(["demo", os.path.join(DATA, "clip04_slt.ogg"), "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "stock engine on" in out
+    assert "vs faster-whisper on stock ctranslate2 4.8.5: tokens identical yes" in out
+    assert "vs faster-whisper on the patched runtime: tokens identical" in out
+
+
 def test_summary_counts_utterances_without_draft_rounds():
     from ct2_flash.benchmark.runner import summarise
 

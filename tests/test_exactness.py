@@ -96,7 +96,7 @@ def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps
     # where the governor and the draft-length policy decide inside speculative calls (every
     # call is speculative here: the policy would send most of them to generate()).
     if kind == "default-adaptive":
-        flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, policy=AlwaysSpeculate())
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, policy=AlwaysSpeculate())
         drafter = flash.decoder.drafter
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)
@@ -171,7 +171,7 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
     _PAIRS["int8"] = pair
-    flash = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, adaptive=False)
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False)
     drafter = drafter_for(kind, pair) or flash.decoder.drafter
     mismatches = []
     with flash.use_drafter(drafter):
@@ -199,11 +199,11 @@ def test_int8_near_exact_runs_the_loop(model_path, clips, caplog):
     ``test_int8_windows_are_identical_where_documented``); the default warns once."""
     import logging
 
-    opted = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, adaptive=False, near_exact=True)
+    opted = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False, near_exact=True)
     segments_of(opted, clips["clip04_slt.ogg"], beam_size=1)
     assert opted.spec_stats.proposed > 0 and opted.spec_stats.fallback_calls == 0
     assert opted.model.inexact_reason is None
-    default = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, adaptive=False)
+    default = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False)
     with caplog.at_level(logging.WARNING, logger="ct2_flash"):
         for _ in range(2):
             segments_of(default, clips["clip04_slt.ogg"], beam_size=1)

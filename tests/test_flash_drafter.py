@@ -313,7 +313,7 @@ def test_model_loads_a_checkpoint_directory_and_refuses_a_foreign_one(model_path
     from ct2_flash import FlashWhisperModel
 
     directory, _ = real_drafter_dir
-    flash = FlashWhisperModel(model_path, compute_type="int8", drafter=directory)
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", drafter=directory)
     assert isinstance(flash.drafter, FlashDrafter)
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -322,6 +322,6 @@ def test_model_loads_a_checkpoint_directory_and_refuses_a_foreign_one(model_path
     (foreign / "drafter.json").write_text(json.dumps(config))
     (foreign / "drafter.safetensors").write_bytes(open(os.path.join(directory, "drafter.safetensors"), "rb").read())
     with pytest.raises(DrafterMismatchError, match="tokenizer_sha256"):
-        FlashWhisperModel(model_path, compute_type="int8", drafter=str(foreign))
+        FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", drafter=str(foreign))
     with pytest.raises(TypeError, match="checkpoint directory"):
-        FlashWhisperModel(model_path, compute_type="int8", drafter=42)
+        FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", drafter=42)

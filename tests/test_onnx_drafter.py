@@ -156,7 +156,7 @@ def test_model_runs_a_converted_directory_without_pytorch_modules(converted, mod
     from ct2_flash import FlashWhisperModel
 
     out, _ = converted
-    flash = FlashWhisperModel(model_path, compute_type="int8", drafter=out)
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", drafter=out)
     assert isinstance(flash.drafter, OnnxDrafter)
 
 

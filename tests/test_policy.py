@@ -104,7 +104,7 @@ def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips,
     from ct2_flash.validation.drafters import RandomDrafter
 
     pair = float32_pair
-    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, policy=policy())
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, policy=policy())
     with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
         name = "clip06_awb.ogg"
         got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
@@ -121,7 +121,7 @@ def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips,
 
 def test_generate_way_is_token_identical_at_int8_too(pair, model_path, clips):
     """generate() is faster-whisper's own call, so even int8 matches exactly."""
-    flash = FlashWhisperModel(model_path, compute_type=pair.compute_type, cpu_threads=THREADS, policy=ForcedGenerate())
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=pair.compute_type, cpu_threads=THREADS, policy=ForcedGenerate())
     for name in ("clip02_awb.ogg", "clip11_rms.ogg"):
         assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1)
 

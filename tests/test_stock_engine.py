@@ -13,6 +13,7 @@ import pytest
 from ct2_flash import FlashWhisperModel
 from ct2_flash.stock import client
 from ct2_flash.stock.client import RemoteEncoding, StockEngine
+from ct2_flash.policy import EnginePolicy
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
 
 from .conftest import THREADS, segments_of
@@ -86,6 +87,69 @@ def test_model_with_the_worker_gives_the_same_segments(stock_flash, float32_pair
         assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options), name
     engines = stock_flash.model.engines
     assert engines.stock.running and engines.stock_failures == 0
+
+
+class OnePatched(EnginePolicy):
+    def patched(self, batch_size):
+        return True
+
+
+def test_greedy_calls_run_on_the_engine_the_policy_picks(stock_flash, float32_pair, clips):
+    """Greedy generate() on the patched runtime, over one copy of the worker's encoding per
+    window; beam search stays in the worker."""
+    from .test_policy import ForcedGenerate
+
+    engines = stock_flash.model.engines
+    chosen, engines.policy = engines.policy, OnePatched()
+    loop_policy, stock_flash.model.policy = stock_flash.model.policy, ForcedGenerate()  # every call outside the loop
+    try:
+        calls, fetches = dict(engines.generate_calls), engines.stock.timings.get("fetch", [0])[0]
+        name = SHORT[0]
+        for options in ({"beam_size": 1}, {"beam_size": 1}, {"beam_size": 5}):
+            assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options)
+        windows = 3  # one each (a short clip); the copy is fetched once per window
+        assert engines.generate_calls["patched"] - calls["patched"] >= 2
+        assert engines.generate_calls["stock"] - calls["stock"] >= 1  # the beam search
+        assert engines.stock.timings["fetch"][0] - fetches <= windows
+    finally:
+        engines.policy, stock_flash.model.policy = chosen, loop_policy
+
+
+@pytest.fixture(scope="module")
+def stock_faster_whisper(model_path):
+    """compute type -> faster-whisper on stock ctranslate2 (this environment's faster-whisper
+    with the stock release first on its path), in a worker process."""
+    from ct2_flash.benchmark.stock import StockWorker, local_baseline
+
+    workers = {}
+
+    def worker(compute_type):
+        if compute_type not in workers:
+            python, path = local_baseline()
+            workers[compute_type] = StockWorker(python, model_path, compute_type, THREADS, path)
+        return workers[compute_type]
+
+    yield worker
+    for worker in workers.values():
+        worker.close()
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_whisper, clips, model_path, compute_type):
+    """What users run today is the reference: the default model (worker on) gives its tokens,
+    also with every greedy call on the patched runtime (from the worker's encoder output)."""
+    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS)
+    stock = stock_faster_whisper(compute_type)
+    assert stock.version == STOCK_CTRANSLATE2
+    engines = flash.model.engines
+    for policy in (engines.policy, OnePatched()):
+        engines.policy = policy
+        for name in SHORT[1:]:
+            expected = stock.measure(name, clips[name], seed=0, beam_size=1).tokens
+            assert [list(s.tokens) for s in flash.transcribe(clips[name], beam_size=1)[0]] == expected, name
+    assert engines.generate_calls["patched"] > 0  # (the loop may take a call at float32)
+    assert engines.stock.running and engines.stock_failures == 0
+    engines.close()
 
 
 def test_int8_through_the_worker_is_faster_whispers_output(model_path, clips):

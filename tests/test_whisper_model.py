@@ -127,7 +127,7 @@ def test_num_draft_tokens_validated(model_path):
     from ct2_flash import FlashWhisperModel
 
     with pytest.raises(ValueError, match="num_draft_tokens"):
-        FlashWhisperModel(model_path, num_draft_tokens=0)
+        FlashWhisperModel(model_path, stock_engine=False, num_draft_tokens=0)
 
 
 def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
@@ -142,7 +142,7 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
 
     pair = {}
     for compute_type in ("float32", "int8"):
-        split = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, decoder_threads=1,
+        split = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=THREADS, decoder_threads=1,
                                   near_exact=True)
         runtime = split.decoder.runtime
         assert runtime.model is not split.reference_model  # encoder and fallbacks keep cpu_threads
@@ -164,19 +164,19 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
             assert got == expected
     for bad in (0, -1, 1.5, True, "all"):
         with pytest.raises(ValueError, match="decoder_threads"):
-            FlashWhisperModel(model_path, decoder_threads=bad)
+            FlashWhisperModel(model_path, stock_engine=False, decoder_threads=bad)
     # "auto" (the default) times a one-thread decoder against the shared model for int8 tiny.en
     # and keeps the faster (which one is the CPU's business); float32 never splits.
-    model = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, near_exact=True)
+    model = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, near_exact=True)
     choice = model.decoder_split
     assert choice.shared_ms > 0 and choice.one_thread_ms > 0
     assert (model.decoder.runtime.model is not model.reference_model) is choice.split
-    model = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS)
+    model = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS)
     assert model.decoder_split is None and model.decoder.runtime.model is model.reference_model
-    single = FlashWhisperModel(model_path, compute_type="int8", decoder_threads=None, near_exact=True)
+    single = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", decoder_threads=None, near_exact=True)
     assert single.decoder.runtime.model is single.reference_model
     # Without near_exact the int8 loop never runs: no second model, nothing timed.
-    unused = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, decoder_threads=1)
+    unused = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, decoder_threads=1)
     assert unused.decoder_split is None and unused.decoder.runtime.model is unused.reference_model
 
 
@@ -184,7 +184,7 @@ def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_pat
     from ct2_flash import FlashWhisperModel
 
     with caplog.at_level(logging.WARNING, logger="ct2_flash"):
-        flash = FlashWhisperModel(model_path, compute_type="int8", num_draft_tokens=12)
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", num_draft_tokens=12)
     assert flash.decoder.num_draft_tokens == flash.drafter.num_draft_tokens == 8
     assert any("proposes at most 8 per round" in r.getMessage() for r in caplog.records)
 
@@ -257,7 +257,7 @@ def test_one_model_shared_by_four_threads_gives_sequential_outputs(model_path, f
 
     from .conftest import THREADS
 
-    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, num_workers=4, adaptive=False)
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, num_workers=4, adaptive=False)
     names = sorted(n for n in clips if n.startswith("clip"))[:8]
     options = dict(beam_size=1, temperature=0.0)
     results, errors = {}, []

@@ -46,8 +46,11 @@ class BenchConfig:
         num_draft_tokens: K.
         repeats: timed passes over all utterances.
         without_timestamps: transcribe without timestamp tokens.
-        stock_python: interpreter of a stock-ctranslate2 environment (``stock.ensure_environment``)
-            to also time faster-whisper as users install it today; "" to skip.
+        stock_python: the interpreter that times faster-whisper on stock ctranslate2 (as users
+            install it today) in a worker process: a stock environment's
+            (``stock.ensure_environment``) or this one's with ``stock_path``
+            (``stock.local_baseline``); "" to skip.
+        stock_path: put first on that worker's ``sys.path`` (the stock engine's directory), or "".
         batch_sizes: also compare ``BatchedInferencePipeline`` runs at these batch sizes
             (worth it on recordings longer than one 30 s window).
         decoder_threads: ``FlashWhisperModel(decoder_threads=...)``.
@@ -63,8 +66,8 @@ class BenchConfig:
             False proposes its most likely tokens outright (see ``SpeculativeDecoder``).
         near_exact: ``FlashWhisperModel(near_exact=...)``: also run the loop at compute types
             where it is not exact (int8); without it such settings measure ``generate()``.
-        stock_engine: ``FlashWhisperModel(stock_engine=...)``: the encoder and the calls
-            outside the loop on stock ctranslate2 in a worker process.
+        stock_engine: ``FlashWhisperModel(stock_engine=...)`` (default True, as the model's):
+            the encoder and the calls outside the loop on stock ctranslate2 in a worker process.
     """
 
     model: str = "tiny.en"
@@ -76,6 +79,7 @@ class BenchConfig:
     repeats: int = 3
     without_timestamps: bool = False
     stock_python: str = ""
+    stock_path: str = ""
     batch_sizes: Tuple[int, ...] = ()
     decoder_threads: Union[int, None, str] = "auto"
     guard_margin: Optional[float] = None
@@ -84,7 +88,7 @@ class BenchConfig:
     adaptive: bool = True
     draw_drafts: bool = True
     near_exact: bool = False
-    stock_engine: bool = False
+    stock_engine: bool = True
 
     def __post_init__(self) -> None:
         if not self.temperatures or not all(np.isfinite(t) and t >= 0 for t in self.temperatures):
@@ -143,7 +147,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     path = resolve_model(config.model)
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flash = _flash_model(config, path, compute_type, threads)
-    stock = StockWorker(config.stock_python, path, compute_type, threads) if config.stock_python else None
+    stock = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path) if config.stock_python else None
     options = dict(beam_size=1, without_timestamps=config.without_timestamps, temperature=temperature,
                    best_of=config.best_of)
 
@@ -170,12 +174,18 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             stock.close()
         flash.model.engines.close()  # its stock worker, if it has one
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
+    engines = flash.model.engines
     return {"compute_type": compute_type, "threads": threads, "temperature": temperature,
             "drafter": type(flash.drafter).__name__,
             # decoder_threads="auto": the timed choice between the shared model and a one-thread copy
             "decoder_split": {**dataclasses.asdict(flash.decoder_split), "split": flash.decoder_split.split}
             if flash.decoder_split else None,
             "stock_ctranslate2": stock.version if stock is not None else None,
+            # The stock engine's worker (if on): generate() calls each engine served over the
+            # whole setting (warm-up included), and the greedy costs per token it measured.
+            "engines": {"stock_active": engines.stock_active, "generate_calls": dict(engines.generate_calls),
+                        "patched_cost": engines.policy.patched_cost, "stock_cost": dict(engines.policy.stock_cost),
+                        "stock_failures": engines.stock_failures},
             "summary": summarise(rows), "utterances": rows}
 
 
@@ -289,7 +299,7 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
                   "generate": generate_seconds},
         **({"stock": {"decode": _median(runs["stock"], "decode_seconds"), "whole": _median(runs["stock"], "whole_seconds"),
                       "encode": _median(runs["stock"], "encode_seconds")},
-            "stock_identical": all(s.tokens == b.tokens for s, b in zip(runs["stock"], base))} if runs.get("stock") else {}),
+            "stock_identical": all(s.tokens == f.tokens for s, f in zip(runs["stock"], flash))} if runs.get("stock") else {}),
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
         "draft_rounds": counts.draft_rounds,

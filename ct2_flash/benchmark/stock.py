@@ -1,9 +1,11 @@
-"""The baseline users run today: faster-whisper on stock ``ctranslate2``, in its own venv.
+"""The baseline users run today: faster-whisper on stock ``ctranslate2``, in another process.
 
-Stock and patched runtimes install the same ``ctranslate2`` module, so they cannot share an
-environment. ``ensure_environment`` creates (or reuses) a virtual environment with pinned
-stock packages; ``StockWorker`` drives ``stock_worker.py`` in it over stdin/stdout so its runs
-interleave with the in-process systems on the same decoded audio.
+Stock and patched runtimes install the same ``ctranslate2`` module, so they cannot share a
+process. ``StockWorker`` drives ``stock_worker.py`` over stdin/stdout so its runs interleave
+with the in-process systems on the same decoded audio, either in this environment with the
+stock engine's directory (``ct2_flash.stock.location``, installed by scripts/install.sh) first
+on its path (``local_baseline``: this environment's faster-whisper is the pinned release), or
+in a separate virtual environment with pinned stock packages (``ensure_environment``).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import venv
+from typing import Tuple
 
 import numpy as np
 
 from ct2_flash.benchmark.measure import Measurement
+from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed, stock_dir
 
 # What `pip install faster-whisper` gives today, pinned so the baseline does not drift.
 STOCK_REQUIREMENTS = ("faster-whisper==1.2.1", "ctranslate2==4.8.5")
@@ -50,20 +55,40 @@ def ensure_environment(path: str = "") -> str:
     return python
 
 
+def local_baseline() -> Tuple[str, str]:
+    """(python, path) for ``StockWorker``: this interpreter, the stock engine's directory first.
+
+    Raises:
+        RuntimeError: the stock engine is not installed (how to install it is said).
+    """
+    if not installed():
+        raise RuntimeError(f"stock ctranslate2 is not installed in {stock_dir()} (python -m ct2_flash.stock "
+                           "installs it; or give a separate environment with --stock-env)")
+    return sys.executable, stock_dir()
+
+
 class StockWorker:
     """A stock faster-whisper model living in another process.
 
     Args:
         python: the stock environment's interpreter.
         model_path, compute_type, threads: as for ``WhisperModel``.
+        path: a directory put first on the worker's ``sys.path`` (``local_baseline``), or "".
     """
 
-    def __init__(self, python: str, model_path: str, compute_type: str, threads: int) -> None:
+    def __init__(self, python: str, model_path: str, compute_type: str, threads: int, path: str = "") -> None:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_worker.py")
-        self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        environment = dict(os.environ)
+        if path:
+            environment["PYTHONPATH"] = os.pathsep.join(filter(None, [path, environment.get("PYTHONPATH", "")]))
+        self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                         env=environment)
         self._scratch = tempfile.TemporaryDirectory(prefix="ct2_flash_stock_")
         self._files: dict = {}
         self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads})["ctranslate2"]
+        if path and self.version != STOCK_CTRANSLATE2:
+            self.close()
+            raise RuntimeError(f"the worker found ctranslate2 {self.version}, not the stock {STOCK_CTRANSLATE2} in {path}")
 
     def _ask(self, request: dict) -> dict:
         self._process.stdin.write(json.dumps(request) + "\n")

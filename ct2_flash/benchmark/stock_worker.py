@@ -1,7 +1,8 @@
-"""Runs inside the stock-ctranslate2 environment: faster-whisper as users install it today.
+"""Runs faster-whisper on stock ctranslate2, as users install it today: in a stock environment,
+or in ct2-flash's own with the stock engine's directory first on ``PYTHONPATH``.
 
-Not imported by ct2_flash (that environment has no ct2_flash and must not: installing it
-would bring the patched runtime). It reads JSON requests from stdin, one per line, and answers
+Not imported by ct2_flash, and imports nothing from it (that would load the patched runtime,
+or, in a stock environment, is not there). It reads JSON requests from stdin, one per line, and answers
 each with one JSON line on stdout:
 
     {"model": DIR, "compute_type": "int8", "threads": 2}          -> {"ready": true, "ctranslate2": "4.8.5"}

@@ -1,7 +1,8 @@
 """The loop's side of the stock engine: ``StockEngine`` starts the worker, asks it, and copes
 when it cannot answer.
 
-One worker per engine, started on the first request, holding its own copy of the model. One
+One worker per engine, started by ``start()`` (without waiting for it to load) or else on the
+first request, holding its own copy of the model. One
 request at a time (a lock): the worker's model runs each call on ``intra_threads`` threads, as
 the in-process model would. Every request has a deadline; a worker that misses it, dies or
 answers garbage is killed and ``StockUnavailable`` raised, so the caller can take the patched
@@ -66,11 +67,14 @@ class RemoteEncoding:
         shape: [batch, frames, d_model], as the StorageView's.
         features: [batch, n_mels, frames] float32, the input, kept so that the patched runtime
             can encode it again if the worker cannot serve this encoding any more.
+        copy: the encoder output as a StorageView on this side, once a call needed it there
+            (``Engines.local``), else None.
     """
 
     def __init__(self, engine: "StockEngine", handle: int, generation: int, shape: Sequence[int],
                  features: np.ndarray) -> None:
         self.handle, self.generation, self.shape, self.features = handle, generation, tuple(shape), features
+        self.copy = None
         # The worker may drop it once nothing here refers to it (told with the next request).
         weakref.finalize(self, engine.release, handle, generation)
 
@@ -211,27 +215,36 @@ class StockEngine:
             raise RuntimeError(f"stock ctranslate2: {answer['error']}")  # the engine's own error, as in-process
         return answer
 
+    def start(self) -> None:
+        """Start the worker loading its model now, without waiting for it: it loads while the
+        caller does other work, and the first request waits only for what is left. A worker
+        that cannot start is reported by that request, as from a lazy start."""
+        with self._lock:
+            if self.disabled is None and self._process is None and not self._died and installed(self.directory):
+                try:
+                    self._spawn()
+                except OSError:
+                    self._stop(kill=True)  # the first request tries again and reports it
+
     def _ensure_started(self) -> None:
         if self.disabled is not None:
             raise StockUnavailable(self.disabled)
-        if self.running:
+        if self.running and self.version is not None:
             return
-        if self._process is not None or self._died:  # it died since it last answered
-            self._stop(kill=True)
-            if self.restarts >= MAX_RESTARTS:
-                self._disable(f"the stock engine's worker died {MAX_RESTARTS + 1} times")
-            self.restarts += 1
-            self._died = False
-        if not installed(self.directory):
-            self._disable(f"stock ctranslate2 is not installed in {self.directory} (bash scripts/install.sh, or "
-                          "python -m ct2_flash.stock)")
-        self.generation += 1
-        self._pending = b""
+        loading = self._process is not None and self.version is None and not self._died  # started, not heard from
+        if not loading:
+            if self._process is not None or self._died:  # it died since it last answered
+                self._stop(kill=True)
+                if self.restarts >= MAX_RESTARTS:
+                    self._disable(f"the stock engine's worker died {MAX_RESTARTS + 1} times")
+                self.restarts += 1
+                self._died = False
+            if not installed(self.directory):
+                self._disable(f"stock ctranslate2 is not installed in {self.directory} (bash scripts/install.sh, or "
+                              "python -m ct2_flash.stock)")
         try:
-            self._process = subprocess.Popen([sys.executable, WORKER, self.directory], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=None)
-            self._process.stdin.write(protocol.encode(self._load))
-            self._process.stdin.flush()
+            if not loading:
+                self._spawn()
             answer = protocol.decode(self._read_line(START_TIMEOUT))
         except (OSError, EOFError, ValueError, TimeoutError) as error:
             self._stop(kill=True)
@@ -240,6 +253,16 @@ class StockEngine:
             self._stop(kill=True)
             self._disable(f"the stock engine could not load {self._load['model']}: {answer.get('error')}")
         self.version = answer["version"]
+
+    def _spawn(self) -> None:
+        """A new worker process, asked to load the model (its answer is read by ``_ensure_started``)."""
+        self.generation += 1
+        self.version = None
+        self._pending = b""
+        self._process = subprocess.Popen([sys.executable, WORKER, self.directory], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=None)
+        self._process.stdin.write(protocol.encode(self._load))
+        self._process.stdin.flush()
 
     def _read_line(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout

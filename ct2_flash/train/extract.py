@@ -43,7 +43,7 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
 
     from ct2_flash.whisper_model import FlashWhisperModel
 
-    model = FlashWhisperModel(model_name, compute_type=compute_type, cpu_threads=threads)
+    model = FlashWhisperModel(model_name, stock_engine=False, compute_type=compute_type, cpu_threads=threads)
     runtime = model.decoder.runtime
     special = runtime.special
     out_dir = os.path.join(data_dir, "teacher")

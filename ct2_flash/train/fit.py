@@ -554,7 +554,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
                   if f"{i}.npz" not in loaded]
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
-    target = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=threads)
+    target = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=threads)
     special = target.decoder.runtime.special
     real = speech_windows(target, real_speech, config.validation_windows)
     chosen_by = "real" if real else "validation"

@@ -1,0 +1,143 @@
+"""Which engine serves each model call: stock ``ctranslate2`` in the worker where it can, the
+patched runtime where it must (the loop) or where the worker cannot answer.
+
+``Engines`` wraps the patched model and an optional ``StockEngine``. Encoder outputs made by
+the worker are ``RemoteEncoding``s; calls taking one go to the worker, and the loop gets a
+local copy (``local``). When the worker fails, one warning is logged and the call is served by
+the patched runtime, re-encoding the features the encoding kept: the output is the patched
+runtime's (the same tokens on every clip measured), only slower.
+
+A greedy ``generate()`` on a worker's encoding runs where ``EnginePolicy`` measured it faster:
+in the worker, or in the patched runtime on a copy of the encoding. The encoder always runs in
+the worker: its output is what stock faster-whisper decodes from, and the patched encoder's
+differs from it in the last bits (and is slower: docs/measurements.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+import ctranslate2
+import numpy as np
+
+from ct2_flash.policy import EnginePolicy
+from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
+
+logger = logging.getLogger("ct2_flash")
+
+
+class Engines:
+    """Args:
+        model: the patched runtime's ``ctranslate2.models.Whisper`` (faster-whisper's own model).
+        stock: the worker, or None to use the patched runtime for everything.
+        policy: which engine runs greedy ``generate()`` calls on a worker's encoding (default
+            a new ``EnginePolicy``).
+
+    Attributes:
+        generate_calls: engine ("stock", "patched") -> ``generate()`` calls it served.
+    """
+
+    def __init__(self, model, stock: Optional[StockEngine] = None, policy: Optional[EnginePolicy] = None) -> None:
+        self.model = model
+        self.stock = stock
+        self.policy = policy or EnginePolicy()
+        self.stock_failures = 0
+        self.generate_calls = {"stock": 0, "patched": 0}
+        self._warned = False
+        self._choosing = threading.Lock()  # the policy and counters, shared by num_workers threads
+
+    @property
+    def stock_active(self) -> bool:
+        return self.stock is not None and self.stock.disabled is None
+
+    def encode(self, features, to_cpu: bool = False):
+        """An encoder output: a ``RemoteEncoding`` from the worker, or a StorageView."""
+        if self.stock_active:
+            try:
+                return self.stock.encode(np.asarray(features))
+            except StockUnavailable as error:
+                self._failed(error)
+        return self.model.encode(features, to_cpu=to_cpu)
+
+    def local(self, encoder_output):
+        """The encoder output as a StorageView on this side [batch, frames, d_model] (a copy of
+        the worker's, kept with the encoding for later calls on it, or the patched runtime's own
+        encoding of the same features)."""
+        if not isinstance(encoder_output, RemoteEncoding):
+            return encoder_output
+        if encoder_output.copy is None:
+            try:
+                encoder_output.copy = ctranslate2.StorageView.from_array(self.stock.fetch(encoder_output))
+            except StockUnavailable as error:
+                self._failed(error)
+                return self.model.encode(ctranslate2.StorageView.from_array(encoder_output.features))
+        return encoder_output.copy
+
+    def generate(self, encoder_output, prompts, **options):
+        """``Whisper.generate`` on the engine holding the encoder output, or for a greedy call
+        on a worker's encoding, on the engine ``policy`` chose."""
+        remote = isinstance(encoder_output, RemoteEncoding)
+        greedy = remote and _greedy(options)
+        with self._choosing:
+            patched = not remote or (greedy and self.policy.patched(len(prompts)))
+        failures, started = self.stock_failures, time.perf_counter()
+        if not patched:
+            try:
+                results = self.stock.generate(encoder_output, prompts, options)
+                self._served("stock", greedy, len(prompts), started, results)
+                return results
+            except StockUnavailable as error:
+                self._failed(error)
+        results = self.model.generate(self.local(encoder_output), prompts, **options)
+        # A call the worker failed (re-encoded here) is no measure of the patched decoder.
+        self._served("patched", greedy and self.stock_failures == failures, len(prompts), started, results)
+        return results
+
+    def detect_language(self, features, *args, **kwargs):
+        if isinstance(features, RemoteEncoding) and not args and not kwargs:
+            try:
+                return self.stock.detect_language(features)
+            except StockUnavailable as error:
+                self._failed(error)
+        return self.model.detect_language(self.local(features), *args, **kwargs)
+
+    def align(self, features, start_sequence, text_tokens, num_frames, median_filter_width: int = 7):
+        if isinstance(features, RemoteEncoding):
+            try:
+                return self.stock.align(features, start_sequence, text_tokens, num_frames, median_filter_width)
+            except StockUnavailable as error:
+                self._failed(error)
+        return self.model.align(self.local(features), start_sequence, text_tokens, num_frames,
+                                median_filter_width=median_filter_width)
+
+    def _served(self, engine: str, measured: bool, rows: int, started: float, results) -> None:
+        seconds = time.perf_counter() - started
+        tokens = sum(len(ids) + 1 for result in results for ids in result.sequences_ids)  # + end-of-text
+        with self._choosing:
+            self.generate_calls[engine] += 1
+            if measured:
+                self.policy.record(engine == "patched", rows, seconds, tokens)
+
+    def close(self) -> None:
+        if self.stock is not None:
+            self.stock.close()
+
+    def _failed(self, error: StockUnavailable) -> None:
+        self.stock_failures += 1
+        # One warning, then quiet: the patched runtime gives the same output.
+        # The message only: a log record holding the exception would keep its frames, and the
+        # model in them, alive.
+        (logger.info if self._warned else logger.warning)(
+            "ct2-flash: %s; the patched runtime serves this call%s", str(error),
+            "" if self.stock_active else " and every later one")
+        self._warned = True
+
+
+def _greedy(options: dict) -> bool:
+    """Whether ``generate(**options)`` is one greedy hypothesis (CTranslate2's beam_size
+    defaults to 5): the calls whose engine is chosen by speed."""
+    return (options.get("beam_size") == 1 and options.get("sampling_topk", 1) == 1
+            and options.get("num_hypotheses", 1) == 1)
