@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
-from ct2_flash.stock import client
+from ct2_flash.stock import client, protocol
 from ct2_flash.stock.client import RemoteEncoding, StockEngine
 from ct2_flash.policy import EnginePolicy
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
@@ -217,6 +217,47 @@ def test_a_missing_stock_engine_warns_once_and_changes_nothing(model_path, float
     warnings = [r.getMessage() for r in caplog.records if "stock ctranslate2 is not installed" in r.getMessage()]
     assert len(warnings) == 1 and "scripts/install.sh" in warnings[0]
     assert flash.model.engines.stock.disabled and not flash.model.engines.stock.running
+
+
+def _break(failure, tmp_path, monkeypatch):
+    """Make the stock engine fail one way before a model is made."""
+    if failure == "broken install":  # installed as far as the files show, but its import fails
+        package = tmp_path / "stock" / "ctranslate2"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("raise ImportError('a broken stock install')\n")
+        (tmp_path / "stock" / f"ctranslate2-{STOCK_CTRANSLATE2}.dist-info").mkdir()
+        monkeypatch.setenv("CT2_FLASH_STOCK_DIR", str(tmp_path / "stock"))
+    elif failure == "unloadable model":  # a model directory the stock release cannot read
+        original = StockEngine.__init__
+
+        def init(self, model_path, *args, **kwargs):
+            original(self, str(tmp_path / "not a model"), *args, **kwargs)
+
+        monkeypatch.setattr(StockEngine, "__init__", init)
+    else:  # /dev/shm full: no block for the features
+        def full(self, size):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(protocol.Blocks, "create", full)
+
+
+@pytest.mark.parametrize("failure, message", [
+    ("broken install", "did not start"),
+    ("unloadable model", "could not load"),
+    ("no shared memory", "shared memory of"),
+])
+def test_a_stock_engine_that_cannot_serve_warns_once_and_changes_nothing(model_path, float32_pair, clips, tmp_path,
+                                                                         monkeypatch, caplog, failure, message):
+    _break(failure, tmp_path, monkeypatch)
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS)
+    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
+        for name in SHORT[:2]:
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "patched runtime serves" in r.getMessage()]
+    assert len(warnings) == 1 and message in warnings[0], warnings
+    assert flash.model.engines.stock_failures >= 1
+    flash.model.engines.close()
 
 
 def test_four_threads_share_one_worker(model_path, float32_pair, clips):

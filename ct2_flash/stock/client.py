@@ -116,18 +116,18 @@ class StockEngine:
         """Encode [batch, n_mels, frames] float32 features; the output stays in the worker."""
         features = np.ascontiguousarray(features, dtype=np.float32)
         with self._lock:
-            self._input = self._block(self._input, features.nbytes)
-            self._blocks.array(self._input.name, features.shape)[...] = features
-            answer = self._ask({"op": "encode", "block": self._input.name, "shape": list(features.shape)})
+            block = self._block("_input", features.nbytes)
+            self._blocks.array(block.name, features.shape)[...] = features
+            answer = self._ask({"op": "encode", "block": block.name, "shape": list(features.shape)})
             return RemoteEncoding(self, answer["handle"], self.generation, answer["shape"], features)
 
     def fetch(self, encoding: RemoteEncoding) -> np.ndarray:
         """[batch, frames, d_model] float32: a copy of the encoder output, for the loop."""
         with self._lock:
             size = int(np.prod(encoding.shape)) * 4
-            self._output = self._block(self._output, size)
-            answer = self._ask(self._about(encoding, {"op": "fetch", "block": self._output.name}))
-            return np.array(self._blocks.array(self._output.name, answer["shape"]))
+            block = self._block("_output", size)
+            answer = self._ask(self._about(encoding, {"op": "fetch", "block": block.name}))
+            return np.array(self._blocks.array(block.name, answer["shape"]))
 
     def generate(self, encoding: RemoteEncoding, prompts, options: dict) -> List[GenerationResult]:
         """``Whisper.generate`` there, one result per row."""
@@ -182,12 +182,20 @@ class StockEngine:
             raise StockUnavailable("the worker that held this encoding has stopped")
         return {**request, "handle": encoding.handle}
 
-    def _block(self, block, size: int):
+    def _block(self, which: str, size: int):
+        """The shared-memory block ``which`` ("_input" or "_output"), grown to ``size`` bytes."""
+        block = getattr(self, which)
         if block is not None and block.size >= size:
             return block
+        setattr(self, which, None)
         if block is not None:
             self._blocks.drop(block.name)
-        return self._blocks.create(size)
+        try:
+            block = self._blocks.create(size)
+        except OSError as error:  # /dev/shm full or missing: this call stays here, the worker is fine
+            raise StockUnavailable(f"shared memory of {size} bytes could not be allocated ({error})") from None
+        setattr(self, which, block)
+        return block
 
     def _ask(self, request: dict) -> dict:
         """Send one request, wait for its answer (the lock is held)."""
