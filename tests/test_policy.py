@@ -80,6 +80,20 @@ def test_switches_when_the_costs_change():
     assert not any(later[-100:-1]) or sum(later[-100:]) <= 3
 
 
+def test_a_call_weighs_as_many_tokens_as_it_produced():
+    """Every call has a fixed part (the first step reads the whole encoder output), so a short
+    call costs more per token on either way. Seen live on the test clips: one 5-token call at
+    16 ms per token lifted generate()'s running cost above a loop 25% slower, which then took
+    four long windows in a row. A running cost is running seconds over running tokens."""
+    policy = SpeculationPolicy()
+    policy.record(False, 1, 0.80, 100)  # 8 ms per token
+    policy.record(False, 1, 0.08, 5)  # 16 ms per token, 5 tokens
+    assert policy.generate_cost[1] == pytest.approx((0.7 * 0.80 + 0.3 * 0.08) / (0.7 * 100 + 0.3 * 5))
+    assert policy.generate_cost[1] < 0.0083
+    policy.record(True, 1, 1.0, 100)  # the loop at 10 ms per token stays the loser
+    assert policy.speculate(1) is False
+
+
 def test_without_adaptive_every_call_speculates(float32_pair, clips):
     flash = float32_pair.flash
     saved = flash.model.policy, flash.decoder.adaptive
