@@ -38,8 +38,7 @@ def _demo(args: argparse.Namespace) -> int:
     transcribe = dict(beam_size=1, without_timestamps=args.no_timestamps)
     # faster-whisper as users run it (stock ctranslate2, in a worker process) and on this
     # environment's patched runtime, each timed on the same audio, interleaved with ct2-flash.
-    patched = WhisperModel(path, **options)
-    systems = {"patched": lambda: measure(patched, audio, **transcribe)}
+    systems = {}
     try:
         python, stock_path = local_baseline()
         stock = StockWorker(python, path, args.compute_type, args.threads, stock_path)
@@ -47,6 +46,8 @@ def _demo(args: argparse.Namespace) -> int:
     except RuntimeError as error:
         stock = None
         print(f"ct2-flash demo: no comparison with stock ctranslate2: {error}", file=sys.stderr)
+    patched = WhisperModel(path, **options)
+    systems["patched"] = lambda: measure(patched, audio, **transcribe)
     try:
         for run in systems.values():  # warm-up
             run()
