@@ -128,6 +128,8 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
     assert summary["speedup"]["decode"]["low"] <= summary["speedup"]["decode"]["speedup"] <= summary["speedup"]["decode"]["high"]
     assert summary["tokens_per_target_call"] > 1.0 and summary["first_position_acceptance"] > 0.5
     assert set(summary["systems"]) == {"baseline", "flash"}
+    assert setting["engines"]["stock_active"] and setting["engines"]["stock_failures"] == 0  # the default: worker on
+    assert document["machine"]["cpu"]  # figures name their CPU
     assert summary["systems"]["baseline"]["wer"] is not None
     assert sum(b["utterances"] for b in summary["buckets"].values()) == 2
     (batched,) = setting["batched"]
@@ -146,7 +148,7 @@ def test_bench_runs_sampling_settings_through_the_loop(tmp_path):
     manifest = tmp_path / "one.tsv"
     write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip04_slt.ogg"), "a reference text")])
     out = tmp_path / "out"
-    code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
+    code = main(["bench", "--no-stock-engine", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
                  "--compute-types", "float32", "--temperatures", "0", "0.8", "--out", str(out)])
     assert code == 0
     greedy, sampled = json.loads((out / "bench.json").read_text())["settings"]
@@ -215,7 +217,7 @@ def test_bench_runs_an_oracle_with_injected_errors(tmp_path, capsys):
     manifest = tmp_path / "one.tsv"
     write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip04_slt.ogg"), "")])
     out = tmp_path / "out"
-    code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--drafter-option", "error_rate=0.5",
+    code = main(["bench", "--no-stock-engine", "--manifest", str(manifest), "--drafter", "oracle", "--drafter-option", "error_rate=0.5",
                  "--repeats", "1", "--compute-types", "float32", "--out", str(out)])
     assert code == 0
     document = json.loads((out / "bench.json").read_text())
