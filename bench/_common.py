@@ -9,28 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
-
-def machine() -> Dict[str, Any]:
-    """The CPU a figure came from (these machines change CPU between sessions: name it)."""
-    model, flags = "", []
-    wanted = ("avx2", "avx512f", "avx512_vnni", "amx_int8", "avx_vnni")
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = [flag for flag in value.split() if flag in wanted]
-    except OSError:
-        pass
-    return {"cpu": model or platform.processor(), "isa_flags": flags, "cpu_count": os.cpu_count(),
-            "platform": platform.platform()}
+from ct2_flash.benchmark.runner import machine  # the CPU a figure came from: one definition for runner and scripts
 
 
 def timed(function: Callable[[], Any]) -> Tuple[float, Any]:
