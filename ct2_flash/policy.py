@@ -110,8 +110,8 @@ class EnginePolicy:
     """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in
     the stock worker: the worker (what faster-whisper users run, measured first) or the patched
     runtime, on a copy of the encoding. The two engines' greedy decoders differ in speed by CPU
-    and compute type (the patched one 1-11% faster or 18% slower, docs/measurements.md), not in
-    tokens (``bench/fork_generate.py`` measures that). Same measurement and probing as
+    and compute type (the patched one from 11% faster to 18% slower, docs/measurements.md), not
+    in tokens (``bench/fork_generate.py`` measures that). Same measurement and probing as
     ``SpeculationPolicy``, with the patched runtime in the loop's place.
     """
 

@@ -327,18 +327,18 @@ class FlashWhisperModel(WhisperModel):
             False (default): at those compute types every call goes to CTranslate2's own
             ``generate()`` (one warning says so), so the output is always faster-whisper's;
             ``adaptive`` and ``seed`` then change nothing.
-        stock_engine: run the encoder and every call outside the loop (``generate()`` where
-            the loop does not run or does not pay, beam search, ``detect_language``,
-            ``align``) on stock ctranslate2 in a worker process (``ct2_flash.stock``, started
-            on the first call), which is faster than the patched runtime on these CPUs; the
-            output is then faster-whisper's on stock ctranslate2, the engine users run. The
-            loop gets a copy of the encoder output when a call speculates, and greedy
-            ``generate()`` calls run on the patched runtime instead where that measured
-            faster (``policy.EnginePolicy``). Costs a second copy of the model in memory (the
-            sizes: README). If the worker cannot start or dies, one warning, and the patched
-            runtime serves the calls (a dead worker is started again on the next call). CPU
-            only. False: the patched runtime serves everything (output: faster-whisper's on
-            the patched runtime).
+        stock_engine: True (default): run the encoder and every call outside the loop
+            (``generate()`` where the loop does not run or does not pay, beam search,
+            ``detect_language``, ``align``) on stock ctranslate2 in a worker process
+            (``ct2_flash.stock``, started with the model without waiting for it), which is
+            faster than the patched runtime on these CPUs; the output is then faster-whisper's
+            on stock ctranslate2, the engine users run. The loop gets a copy of the encoder
+            output when a call speculates, and greedy ``generate()`` calls run on the patched
+            runtime instead where that measured faster (``policy.EnginePolicy``). Costs a
+            second copy of the model in memory (the sizes: README). If the worker cannot start
+            or dies, one warning, and the patched runtime serves the calls (a dead worker is
+            started again on the next call). CPU only. False: the patched runtime serves
+            everything (output: faster-whisper's on the patched runtime).
     """
 
     def __init__(
