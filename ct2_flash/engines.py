@@ -23,7 +23,7 @@ from typing import Optional
 import ctranslate2
 import numpy as np
 
-from ct2_flash.policy import EnginePolicy
+from ct2_flash.policy import EnginePolicy, produced_tokens
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
 
 logger = logging.getLogger("ct2_flash")
@@ -115,7 +115,7 @@ class Engines:
 
     def _served(self, engine: str, measured: bool, rows: int, started: float, results) -> None:
         seconds = time.perf_counter() - started
-        tokens = sum(len(ids) + 1 for result in results for ids in result.sequences_ids)  # + end-of-text
+        tokens = produced_tokens(results)
         with self._choosing:
             self.generate_calls[engine] += 1
             if measured:

@@ -37,6 +37,12 @@ PROBE_BUDGET = 0.01
 SMOOTHING = 0.3
 
 
+def produced_tokens(results) -> int:
+    """Tokens a ``generate()`` call produced, end-of-text included, over all rows and
+    hypotheses: what both policies divide its time by."""
+    return sum(len(ids) + 1 for result in results for ids in result.sequences_ids)
+
+
 @dataclass
 class SpeculationPolicy:
     """Chooses per call; one per model, shared by its threads (decisions are advisory, so a

@@ -29,7 +29,7 @@ from ct2_flash.runtime.decoding import SpeculativeDecoder
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
 from ct2_flash.engine.models import embedded_name, resolve_model
-from ct2_flash.policy import SpeculationPolicy
+from ct2_flash.policy import SpeculationPolicy, produced_tokens
 from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.target import TargetRuntime
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
@@ -200,7 +200,7 @@ class SpeculativeWhisper:
         finally:
             if in_loop:
                 self._loop.release()
-        tokens = sum(len(ids) + 1 for result in results for ids in result.sequences_ids)  # + end-of-text
+        tokens = produced_tokens(results)
         with self._counting:
             seconds = time.perf_counter() - started
             if not in_loop:
