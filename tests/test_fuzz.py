@@ -11,7 +11,7 @@ from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 
-FAST_CASES, SLOW_CASES = 20, 200  # the fast tier's share, and the slow tier's bounded run
+FAST_CASES, SLOW_CASES = 10, 200  # the fast tier's share, and the slow tier's bounded run
 SHORT = 6.0  # seconds: the bounded run uses the three shortest clips (the long run uses all)
 
 

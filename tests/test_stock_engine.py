@@ -242,8 +242,8 @@ def _break(failure, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("failure, message", [
-    ("broken install", "did not start"),
-    ("unloadable model", "could not load"),
+    pytest.param("broken install", "did not start", marks=pytest.mark.slow),
+    pytest.param("unloadable model", "could not load", marks=pytest.mark.slow),
     ("no shared memory", "shared memory of"),
 ])
 def test_a_stock_engine_that_cannot_serve_warns_once_and_changes_nothing(model_path, float32_pair, clips, tmp_path,
