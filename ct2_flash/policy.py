@@ -10,10 +10,14 @@ now and then, since the audio or the machine's load can change which wins. The t
 same either way: ``generate()`` is the call faster-whisper itself makes.
 
 ``generate()`` goes first: it is measured on the first call (of each batch size), and the
-loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later. A process that
-transcribes one short file (a command-line run, a serverless call) makes only a few calls, and
-a first call through a loop that does not pay made such a process slower than faster-whisper
-(docs/measurements.md); a loop that pays starts a few calls late.
+loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later. That first
+probe costs what the loser loses on one call, up to half a call or more on the CPUs measured
+(the patched greedy decode at float32 on an AMD EPYC 1.45x stock's, the loop's first call with
+its one-time setup 2-5x a plain one), before anything tells which way wins: after 16 calls it
+is a few percent of the decoding so far, and a process that transcribes a few short files (a
+command-line run, a serverless call: 1-15 windows) never pays it (with the first probe at call
+4 it cost the 15 test clips 3% of their whole path: docs/measurements.md). A loop that pays
+starts 16 calls late.
 
 Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
 The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles
@@ -28,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-FIRST_PROBE_INTERVAL = 4
+FIRST_PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 64
 # The share of decoding time probes may cost (see the module docstring).
 PROBE_BUDGET = 0.01
