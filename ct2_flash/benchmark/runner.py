@@ -185,7 +185,13 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             # whole setting (warm-up included), and the greedy costs per token it measured.
             "engines": {"stock_active": engines.stock_active, "generate_calls": dict(engines.generate_calls),
                         "patched_cost": engines.policy.patched_cost, "stock_cost": dict(engines.policy.stock_cost),
-                        "stock_failures": engines.stock_failures},
+                        "stock_failures": engines.stock_failures,
+                        "keeps_freed_memory": engines.stock.keeps_freed_memory if engines.stock is not None else None,
+                        # Per request kind: requests, seconds from send to answer, seconds the
+                        # worker spent on them (the difference is the channel: pipes, copies, JSON).
+                        "channel": {op: {"requests": n, "round_trip_seconds": trip, "worker_seconds": work}
+                                    for op, (n, trip, work) in engines.stock.timings.items()}
+                        if engines.stock is not None else {}},
             "summary": summarise(rows), "utterances": rows}
 
 

@@ -99,6 +99,8 @@ class StockEngine:
         self.restarts = 0
         self.generation = 0  # counts workers started: handles of an earlier one are void
         self.version: Optional[str] = None
+        # Whether the worker's C library keeps freed memory for reuse (worker.keep_freed_memory).
+        self.keeps_freed_memory: Optional[bool] = None
         self._process: Optional[subprocess.Popen] = None
         self._lock = threading.Lock()
         self._blocks = protocol.Blocks(owner=True)
@@ -261,6 +263,7 @@ class StockEngine:
             self._stop(kill=True)
             self._disable(f"the stock engine could not load {self._load['model']}: {answer.get('error')}")
         self.version = answer["version"]
+        self.keeps_freed_memory = bool(answer.get("keep_freed_memory"))
 
     def _spawn(self) -> None:
         """A new worker process, asked to load the model (its answer is read by ``_ensure_started``)."""
