@@ -88,12 +88,18 @@ class StockEngine:
         intra_threads, inter_threads: the worker model's threads.
         seed: seeds the worker's sampling (``ctranslate2.set_random_seed``), or None.
         directory: where stock ``ctranslate2`` is installed (default ``location.stock_dir()``).
+        keep_freed_memory: have the worker's C library keep what the engine frees, for its
+            next call (``worker.keep_freed_memory``: 24-35% faster encoder, the worker's peak
+            memory kept); default on, off with ``CT2_FLASH_WORKER_KEEPS_MEMORY=0``.
     """
 
     def __init__(self, model_path: str, compute_type: str, intra_threads: int, inter_threads: int = 1,
-                 seed: Optional[int] = None, directory: str = "") -> None:
+                 seed: Optional[int] = None, directory: str = "", keep_freed_memory: Optional[bool] = None) -> None:
+        if keep_freed_memory is None:
+            keep_freed_memory = os.environ.get("CT2_FLASH_WORKER_KEEPS_MEMORY", "1") != "0"
         self._load = {"op": "load", "model": os.path.abspath(model_path), "compute_type": compute_type,
-                      "intra_threads": intra_threads, "inter_threads": inter_threads, "seed": seed}
+                      "intra_threads": intra_threads, "inter_threads": inter_threads, "seed": seed,
+                      "keep_freed_memory": bool(keep_freed_memory)}
         self.directory = directory or stock_dir()
         self.disabled: Optional[str] = None  # why the engine is not used any more
         self.restarts = 0

@@ -5,7 +5,8 @@ Started by ``client.StockEngine`` as ``python worker.py STOCK_DIR``; ``STOCK_DIR
 the environment. It imports nothing from ct2_flash, whose import would load the patched
 runtime. Requests, one JSON line each on stdin (answers on stdout, errors as {"error": ...}):
 
-    {"op": "load", "model": DIR, "compute_type": "int8", "intra_threads": 2, "inter_threads": 1, "seed": null}
+    {"op": "load", "model": DIR, "compute_type": "int8", "intra_threads": 2, "inter_threads": 1, "seed": null,
+     "keep_freed_memory": true}
     {"op": "encode", "block": NAME, "shape": [batch, mels, frames]}  -> {"handle": H, "shape": [...]}
     {"op": "fetch", "handle": H, "block": NAME}                       -> {"shape": [...]}  (written there)
     {"op": "generate", "handle": H, "prompts": [...], "options": {...}} -> {"results": [...]}
@@ -13,7 +14,7 @@ runtime. Requests, one JSON line each on stdin (answers on stdout, errors as {"e
     {"op": "align", "handle": H, "start_sequence": [...], "text_tokens": [...], "num_frames": N,
      "median_filter_width": 7}                                         -> {"alignments": [...]}
 
-The load answer says whether freed memory is kept (``keep_freed_memory``). Every answer carries
+The load answer says whether freed memory is kept, as asked (``keep_freed_memory``). Every answer carries
 "seconds", the time the request took here. Every request may carry
 "release": [H, ...], encoder outputs the client no longer holds. The
 newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
@@ -28,29 +29,40 @@ from collections import OrderedDict
 
 KEPT = 32
 # glibc's mallopt parameters.
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+
+
+def _mallopt(parameter: int, value: int) -> bool:
+    try:
+        return bool(ctypes.CDLL(None).mallopt(parameter, value))
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
+def one_arena() -> bool:
+    """Before the model starts its threads: every thread allocates from glibc's main heap.
+
+    A thread's own arena grows in heaps of at most 64 MB, so a larger block (an encoder
+    layer's attention scores for base: 72 MB) is mapped afresh every time whatever
+    ``keep_freed_memory`` says; the main heap has no such limit.
+    """
+    return _mallopt(_M_ARENA_MAX, 1)
 
 
 def keep_freed_memory() -> bool:
-    """Have glibc keep the memory CTranslate2 frees, for its next call; whether it could.
+    """After loading the model: glibc keeps the memory CTranslate2 frees, for its next call.
 
     CTranslate2 allocates every operation's output on the CPU afresh and frees it after. glibc
     serves a large block (an encoder layer's attention scores: 54 MB for a 30 s window of
     tiny.en) with a new mapping and unmaps it when freed, and gives the top of the heap back
-    past a threshold, so each window faults in and zero-fills its buffers again: 77,000 page
-    faults per encode and greedy decode of tiny.en at int8. Served from a heap that is never
-    given back, the same blocks are reused: 4 faults, and the encoder 24-35% faster (docs/
-    measurements.md). The price is that the worker keeps its peak memory (+90-140 MB for
-    tiny.en). Only this process, which runs nothing but the model, is changed; not on other C
-    libraries.
+    past a threshold, so each window faults in and zero-fills its buffers again: 50,000-110,000
+    page faults per window of tiny.en or base. Served from a heap that is never given back
+    (nothing from new mappings; 1 GiB is "never" for the trim threshold), the same blocks are
+    reused: the encoder 20-35% faster (docs/measurements.md). The price is that the worker
+    keeps its peak memory. Called after loading, so that what the conversion to the compute
+    type freed has gone back. Only this process, which runs nothing but the model, is changed.
     """
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    # Nothing from new mappings, and the heap never trimmed (1 GiB is "never" for it).
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return _mallopt(_M_MMAP_MAX, 0) and _mallopt(_M_TRIM_THRESHOLD, 1 << 30)
 
 
 def serve(stdin, stdout) -> None:
@@ -58,7 +70,7 @@ def serve(stdin, stdout) -> None:
     import numpy as np
     import protocol  # this folder is on sys.path: the script's own
 
-    kept = keep_freed_memory()
+    kept = False
     blocks = protocol.Blocks(owner=False)
     outputs: "OrderedDict[int, object]" = OrderedDict()
     model, next_handle = None, 0
@@ -70,11 +82,14 @@ def serve(stdin, stdout) -> None:
         started = time.perf_counter()
         try:
             if op == "load":
+                keep = bool(request.get("keep_freed_memory")) and one_arena()
                 if request.get("seed") is not None:
                     ctranslate2.set_random_seed(request["seed"])
                 model = ctranslate2.models.Whisper(request["model"], device="cpu", compute_type=request["compute_type"],
                                                    intra_threads=request["intra_threads"],
                                                    inter_threads=request["inter_threads"])
+                # After loading: what the conversion to the compute type freed has gone back.
+                kept = keep and keep_freed_memory()
                 answer = {"ready": True, "version": ctranslate2.__version__, "compute_type": model.compute_type,
                           "keep_freed_memory": kept}
             elif op == "encode":
