@@ -1,0 +1,111 @@
+"""Drafts from the previous hypothesis of the same audio.
+
+Streaming clients (whisper_streaming, whisperlivekit, whisper-live, RealtimeSTT) call
+``transcribe()`` on the whole audio buffer again every second or so as audio arrives. The new
+decode of a window that starts with the same audio mostly says again what the previous one
+said: on real speech 86% of its tokens stood in the previous hypothesis, but only 54% as a
+plain prefix, since the last segment's end timestamp and the last word move as audio arrives
+and the text after them comes back. So the previous hypothesis is proposed from where the new
+decode stands in it, found again after every mismatch (``realign``); where it has nothing
+(new audio at the end, a passage said differently) the trained drafter proposes instead.
+Proposals only decide speed: the target verifies every token.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal
+
+# Tokens of context matched when realigning: enough to tell repeated words apart, few enough
+# that a changed word just before the anchor does not hide the rest of the hypothesis.
+MAX_CONTEXT = 4
+# A timestamp stands for any timestamp when matching (the same boundary moves as audio grows).
+_ANY_TIMESTAMP = -1
+
+
+def realign(previous: Sequence[int], generated: Sequence[int], timestamp_begin: int,
+            expected: Optional[int] = None, max_context: int = MAX_CONTEXT) -> Optional[int]:
+    """Where the text after ``generated`` continues in ``previous``, or None.
+
+    The position j such that ``previous[j - k:j]`` equals the last k tokens of ``generated``
+    for the largest k (up to ``max_context``) that matches anywhere, timestamps matching any
+    timestamp; among several such j, the one nearest ``expected`` (default: as many tokens in
+    as ``generated`` is, since both decodes start at the same audio). A lone timestamp is too
+    common to place the text by, except at the very start or next to ``expected``.
+
+    Args:
+        previous: [m] the previous decode's tokens (after the start-of-transcript sequence).
+        generated: [n >= 1] this decode's tokens so far, ending with the anchor.
+        timestamp_begin: the first timestamp token id.
+        expected: the position in ``previous`` where the text is thought to continue.
+    Returns:
+        j in [1, m]: propose ``previous[j:]``; j == m means the previous decode ends there.
+    """
+    if not previous or not generated:
+        return None
+    key = [_ANY_TIMESTAMP if t >= timestamp_begin else t for t in previous]
+    tail = [_ANY_TIMESTAMP if t >= timestamp_begin else t for t in generated[-max_context:]]
+    expected = len(generated) if expected is None else expected
+    for size in range(min(len(tail), len(key)), 0, -1):
+        pattern = tail[-size:]
+        ends = [j for j in range(size, len(key) + 1) if key[j - size : j] == pattern]
+        if size == 1 and pattern[0] == _ANY_TIMESTAMP and len(generated) > 1:
+            # One timestamp alone matches every segment boundary: only the one where the text
+            # is thought to be (a changed last word, then the boundary as before).
+            ends = [j for j in ends if abs(j - expected) <= 1]
+        if ends:
+            return min(ends, key=lambda j: (abs(j - expected), j))
+    return None
+
+
+class HypothesisDrafter(Drafter):
+    """Proposes the previous hypothesis of this window's audio, else asks ``fallback``.
+
+    The fallback sees every window and every round (``begin``, ``advance``,
+    ``observe_position``), so that its own cache is whole whenever it has to propose.
+
+    Args:
+        fallback: the drafter for what the previous hypothesis does not cover.
+        timestamp_begin: the target's first timestamp token id.
+    """
+
+    def __init__(self, fallback: Drafter, timestamp_begin: int) -> None:
+        self.fallback = fallback
+        self.timestamp_begin = int(timestamp_begin)
+        self.vocab_size = fallback.vocab_size
+        self.needs_states = fallback.needs_states
+        self.wants_position = fallback.wants_position
+        self.proposes_prefixes = fallback.proposes_prefixes
+        self._next: Tuple[int, ...] = ()
+        self._previous: Tuple[int, ...] = ()
+        self._cursor: Optional[Tuple[int, int]] = None  # (position in previous, len(generated) then)
+        self.proposed_from_hypothesis = 0  # rounds that proposed from it (for measurements)
+
+    def remember(self, previous: Optional[Sequence[int]]) -> None:
+        """The previous hypothesis of the window the next ``begin`` starts (None: none), its
+        tokens after the start-of-transcript sequence, end of text included if it ended."""
+        self._next = tuple(int(t) for t in previous) if previous else ()
+
+    def begin(self, window: DraftWindow) -> None:
+        self._previous, self._next, self._cursor = self._next, (), None
+        self.fallback.begin(window)
+
+    def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
+        if self._previous:
+            expected = None
+            if self._cursor is not None:
+                position, length = self._cursor
+                expected = position + len(generated) - length
+            at = realign(self._previous, generated, self.timestamp_begin, expected)
+            if at is not None and at < len(self._previous):
+                self._cursor = (at, len(generated))
+                self.proposed_from_hypothesis += 1
+                return Proposal(tokens=self._previous[at : at + num_tokens])
+        return self.fallback.propose(generated, num_tokens)
+
+    def observe_position(self, frame: int) -> None:
+        self.fallback.observe_position(frame)
+
+    def advance(self, states, cache_length: int) -> None:
+        self.fallback.advance(states, cache_length)

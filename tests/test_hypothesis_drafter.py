@@ -1,0 +1,133 @@
+"""Drafting from the previous hypothesis of the same audio: realignment after a mismatch."""
+
+import numpy as np
+import pytest
+
+from ct2_flash.drafting.base import DecodingOptions, DraftWindow, Drafter, Proposal
+from ct2_flash.drafting.hypothesis import HypothesisDrafter, realign
+
+TS = 1000  # the first timestamp id in these tables; words are small ids
+
+
+def ts(seconds):
+    return TS + int(round(seconds / 0.02))
+
+
+EOT = 999
+# "<0.0> the cat sat <2.0><2.2> on the mat <4.0>" then end of text.
+PREVIOUS = [ts(0.0), 1, 2, 3, ts(2.0), ts(2.2), 4, 1, 5, ts(4.0), EOT]
+
+
+@pytest.mark.parametrize("case, generated, expected", [
+    ("the same so far", PREVIOUS[:3], 3),
+    ("only the first timestamp", [ts(0.0)], 1),
+    ("a segment end moved (2.0 -> 2.4)", [ts(0.0), 1, 2, 3, ts(2.4)], 5),
+    ("both boundary timestamps moved", [ts(0.0), 1, 2, 3, ts(2.4), ts(2.6)], 6),
+    ("the last word changed, then the text rejoins", [ts(0.0), 1, 2, 7, ts(2.0)], 5),
+    ("an inserted word, then the text rejoins", [ts(0.0), 1, 2, 8, 3], 4),
+    ("a repeated word placed by its context", [ts(0.0), 1, 2, 3, ts(2.0), ts(2.2), 4, 1], 8),
+    ("the previous decode ended here", PREVIOUS[:-1], 10),
+    ("the hypothesis ran out: new words after its end", PREVIOUS[:-1] + [9], None),
+    ("nothing in common", [ts(0.0), 6, 7], None),
+])
+def test_realign(case, generated, expected):
+    assert realign(PREVIOUS, generated, TS) == expected, case
+
+
+def test_a_lone_timestamp_after_other_text_is_placed_only_next_to_where_the_text_should_be():
+    """A timestamp after text the previous decode never said matches every boundary."""
+    assert realign(PREVIOUS, [ts(0.0), 6, 7, ts(3.0)], TS) == 5  # 4 tokens in: the boundary at 5
+    assert realign(PREVIOUS, [ts(0.0), 6, 7, 8, 9, 10, 11, ts(3.0)], TS) is None  # 8 in: none near
+
+
+def test_among_several_matches_the_one_nearest_the_expected_position_wins():
+    previous = [1, 2, 3, 1, 2, 4]
+    assert realign(previous, [1, 2], TS) == 2
+    assert realign(previous, [1, 2], TS, expected=5) == 5
+
+
+class Recording(Drafter):
+    """Proposes (42,) and records what it was told."""
+
+    def __init__(self):
+        self.calls = []
+
+    def begin(self, window):
+        self.calls.append("begin")
+
+    def propose(self, generated, num_tokens):
+        self.calls.append("propose")
+        return Proposal(tokens=(42,))
+
+    def advance(self, states, cache_length):
+        self.calls.append(("advance", cache_length))
+
+
+def _window():
+    return DraftWindow(encoder_output=np.zeros((4, 2), np.float32), prompt=(1,), options=DecodingOptions(), eot=EOT)
+
+
+def test_the_drafter_proposes_the_hypothesis_and_falls_back_where_it_has_none():
+    fallback = Recording()
+    drafter = HypothesisDrafter(fallback, TS)
+    drafter.remember(PREVIOUS)
+    drafter.begin(_window())
+    assert drafter.propose([ts(0.0)], 4).tokens == (1, 2, 3, ts(2.0))
+    assert drafter.propose([ts(0.0), 1, 2, 3, ts(2.4)], 3).tokens == (ts(2.2), 4, 1)
+    drafter.advance(None, 7)
+    assert drafter.propose(PREVIOUS[:-1], 3).tokens == (EOT,)
+    assert drafter.propose([ts(0.0), 6, 7], 3).tokens == (42,)  # nothing in common: the fallback
+    assert drafter.proposed_from_hypothesis == 3
+    assert fallback.calls == ["begin", ("advance", 7), "propose"]
+
+
+def test_a_hypothesis_serves_only_the_window_it_was_remembered_for():
+    drafter = HypothesisDrafter(Recording(), TS)
+    drafter.remember(PREVIOUS)
+    drafter.begin(_window())
+    drafter.begin(_window())  # the next window: nothing remembered for it
+    assert drafter.propose([ts(0.0)], 4).tokens == (42,)
+
+
+def _features(seed, frames=3000, floor=-0.8):
+    """[80, frames] Whisper-like log-mel values clamped at ``floor``."""
+    values = np.random.default_rng(seed).normal(0.0, 0.5, (80, frames)).astype(np.float32)
+    return np.maximum(values, floor)
+
+
+def test_a_window_is_found_again_by_its_first_second_of_audio():
+    from ct2_flash.redecodes import Fingerprint, RecentWindows
+
+    windows = RecentWindows()
+    first = _features(0)
+    windows.remember(Fingerprint.of(first), PREVIOUS)
+    grown = first.copy()
+    grown[:, 2000:] = _features(1)[:, 2000:]  # a second more audio at the end changes the tail
+    assert windows.recall(Fingerprint.of(grown)) == tuple(PREVIOUS)
+    # Louder audio arrived: the buffer's floor rose, and the quiet values at the start with it.
+    louder = np.maximum(first, -0.6)
+    assert windows.recall(Fingerprint.of(louder)) == tuple(PREVIOUS)
+    assert windows.recall(Fingerprint.of(_features(2))) is None  # other audio
+    shifted = np.concatenate([first[:, 50:], first[:, :50]], axis=1)  # the buffer's start moved
+    assert windows.recall(Fingerprint.of(shifted)) is None
+
+
+def test_recent_windows_are_bounded_per_thread_and_replaced_by_the_same_audio():
+    import threading
+
+    from ct2_flash.redecodes import Fingerprint, RecentWindows
+
+    windows = RecentWindows(size=2)
+    prints = [Fingerprint.of(_features(seed)) for seed in range(3)]
+    for index, fingerprint in enumerate(prints):
+        windows.remember(fingerprint, [index])
+    assert windows.recall(prints[0]) is None  # the oldest went
+    windows.remember(prints[2], [7])
+    assert windows.recall(prints[2]) == (7,) and windows.recall(prints[1]) == (1,)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(windows.recall(prints[2])))
+    thread.start()
+    thread.join()
+    assert seen == [None]  # another thread's stream is its own
+    windows.clear()
+    assert windows.recall(prints[2]) is None
