@@ -21,10 +21,10 @@ OUT=bench/results
 # The default model (the stock engine's worker on) against faster-whisper on stock ctranslate2
 # (and on the patched runtime), per real set and on the test clips.
 for set in mfa pocketsphinx; do
-  $PY -m ct2_flash.cli bench --speech-set $set --compute-types int8 float32 --repeats 2 --stock \
+  $PY -m ct2_flash.cli bench --speech-set $set --compute-types int8 float32 --repeats 3 --stock \
     --out $OUT/default_vs_stock/$set
 done
-$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 --repeats 2 --stock \
+$PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 --repeats 3 --stock \
   --out $OUT/default_vs_stock/test_clips
 # Greedy generate() on either engine from the worker's encoder output: the same tokens?
 $PY bench/fork_generate.py --out $OUT/stock_engine/fork_generate.json
@@ -42,7 +42,7 @@ for variant in "timestamps" "no_timestamps --no-timestamps" "near_exact_timestam
 done
 # The stock engine's worker: its channel per window, and its memory.
 $PY bench/stock_worker_overhead.py --out $OUT/stock_worker/overhead.json
-$PY bench/stock_worker_memory.py --out $OUT/stock_worker/memory.json
+$PY bench/stock_worker_memory.py --rounds 2 --out $OUT/stock_worker/memory.json
 # Temperature sampling through the loop: the default model, and drafting every round.
 $PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
   --repeats 1 --out $OUT/sampling_default
