@@ -29,15 +29,16 @@ def words_of(model, audio, **options):
 @pytest.mark.parametrize(
     "options",
     [
-        dict(initial_prompt="Edinburgh, Glasgow, Carlisle."),
-        dict(prefix="The train"),
-        dict(hotwords="platform refreshments"),
-        dict(condition_on_previous_text=False),
-        dict(vad_filter=True),
-        dict(without_timestamps=True, max_new_tokens=12),
-        dict(temperature=0.0, log_prob_threshold=None, compression_ratio_threshold=None),
+        pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt"),
+        pytest.param(dict(prefix="The train"), id="prefix"),
+        # Two more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes).
+        pytest.param(dict(hotwords="platform refreshments"), id="hotwords", marks=pytest.mark.slow),
+        pytest.param(dict(condition_on_previous_text=False), id="no-previous-text"),
+        pytest.param(dict(vad_filter=True), id="vad"),
+        pytest.param(dict(without_timestamps=True, max_new_tokens=12), id="max_new_tokens"),
+        pytest.param(dict(temperature=0.0, log_prob_threshold=None, compression_ratio_threshold=None),
+                     id="no-thresholds", marks=pytest.mark.slow),
     ],
-    ids=["initial_prompt", "prefix", "hotwords", "no-previous-text", "vad", "max_new_tokens", "no-thresholds"],
 )
 def test_transcribe_options_identical(float32_pair, oracle_flash, clips, options):
     for name in ("clip09_kal16.ogg", "long_multi_voice.ogg"):
