@@ -89,7 +89,7 @@ class StockEngine:
         seed: seeds the worker's sampling (``ctranslate2.set_random_seed``), or None.
         directory: where stock ``ctranslate2`` is installed (default ``location.stock_dir()``).
         keep_freed_memory: have the worker's C library keep what the engine frees, for its
-            next call (``worker.keep_freed_memory``: 24-35% faster encoder, the worker's peak
+            next call (``worker.keep_freed_memory``: a 20-35% faster encoder, the worker's peak
             memory kept); default on, off with ``CT2_FLASH_WORKER_KEEPS_MEMORY=0``.
     """
 
