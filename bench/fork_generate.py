@@ -18,7 +18,7 @@ import argparse
 import glob
 import os
 
-from _common import write_result
+from _common import TEST_CLIPS, write_result
 from faster_whisper import decode_audio
 
 from ct2_flash import FlashWhisperModel, resolve_model
@@ -27,7 +27,6 @@ from ct2_flash.benchmark.runner import load_audio
 from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.policy import EnginePolicy, SpeculationPolicy
 
-TEST_CLIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 
 
 class NeverSpeculate(SpeculationPolicy):

@@ -19,14 +19,13 @@ import numpy as np
 from faster_whisper import decode_audio
 from faster_whisper.feature_extractor import FeatureExtractor
 
-from _common import write_result
+from _common import TEST_CLIPS, write_result
 
 from ct2_flash import resolve_model
 from ct2_flash.engine.models import available_models
-from ct2_flash.runtime.vocabulary import load_config
+from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 
-TEST_CLIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 WINDOW = 3000  # mel frames: 30 s
 
 
@@ -81,10 +80,9 @@ def main() -> None:
     rows = []
     for name in [model for model in ("tiny.en", "base") if model in available_models()]:
         path = resolve_model(name)
-        config = load_config(path)
-        mels = int(config.get("num_mel_bins", 80))
+        mels = int(load_config(path).get("num_mel_bins", 80))
         features = windows(mels)
-        start_token = 50257 if name.endswith(".en") else 50258  # <|startoftranscript|>
+        start_token = load_vocabulary(path)[0].sot
         for compute_type in ("float32", "int8_float32"):
             for keep in (True, False):
                 engine = StockEngine(path, compute_type, 2, keep_freed_memory=keep)

@@ -13,7 +13,7 @@ Proposals only decide speed: the target verifies every token.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal
 
@@ -42,10 +42,20 @@ def realign(previous: Sequence[int], generated: Sequence[int], timestamp_begin: 
     Returns:
         j in [1, m]: propose ``previous[j:]``; j == m means the previous decode ends there.
     """
-    if not previous or not generated:
+    return _realign(_keys(previous, timestamp_begin), generated, timestamp_begin, expected, max_context)
+
+
+def _keys(tokens: Sequence[int], timestamp_begin: int) -> List[int]:
+    """``tokens`` with every timestamp as ``_ANY_TIMESTAMP``."""
+    return [_ANY_TIMESTAMP if t >= timestamp_begin else t for t in tokens]
+
+
+def _realign(key: Sequence[int], generated: Sequence[int], timestamp_begin: int, expected: Optional[int],
+             max_context: int) -> Optional[int]:
+    """``realign`` on the previous hypothesis's keys (made once per window by the drafter)."""
+    if not key or not generated:
         return None
-    key = [_ANY_TIMESTAMP if t >= timestamp_begin else t for t in previous]
-    tail = [_ANY_TIMESTAMP if t >= timestamp_begin else t for t in generated[-max_context:]]
+    tail = _keys(generated[-max_context:], timestamp_begin)
     expected = len(generated) if expected is None else expected
     for size in range(min(len(tail), len(key)), 0, -1):
         pattern = tail[-size:]
@@ -79,6 +89,7 @@ class HypothesisDrafter(Drafter):
         self.proposes_prefixes = fallback.proposes_prefixes
         self._next: Tuple[int, ...] = ()
         self._previous: Tuple[int, ...] = ()
+        self._previous_keys: List[int] = []  # _keys(self._previous): matched every round
         self._cursor: Optional[Tuple[int, int]] = None  # (position in previous, len(generated) then)
         self.proposed_from_hypothesis = 0  # rounds that proposed from it (for measurements)
 
@@ -89,6 +100,7 @@ class HypothesisDrafter(Drafter):
 
     def begin(self, window: DraftWindow) -> None:
         self._previous, self._next, self._cursor = self._next, (), None
+        self._previous_keys = _keys(self._previous, self.timestamp_begin)
         self.fallback.begin(window)
 
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
@@ -97,7 +109,7 @@ class HypothesisDrafter(Drafter):
             if self._cursor is not None:
                 position, length = self._cursor
                 expected = position + len(generated) - length
-            at = realign(self._previous, generated, self.timestamp_begin, expected)
+            at = _realign(self._previous_keys, generated, self.timestamp_begin, expected, MAX_CONTEXT)
             if at is not None and at < len(self._previous):
                 self._cursor = (at, len(generated))
                 self.proposed_from_hypothesis += 1

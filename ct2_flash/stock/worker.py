@@ -70,7 +70,6 @@ def serve(stdin, stdout) -> None:
     import numpy as np
     import protocol  # this folder is on sys.path: the script's own
 
-    kept = False
     blocks = protocol.Blocks(owner=False)
     outputs: "OrderedDict[int, object]" = OrderedDict()
     model, next_handle = None, 0
