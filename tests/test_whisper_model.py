@@ -29,9 +29,10 @@ def words_of(model, audio, **options):
 @pytest.mark.parametrize(
     "options",
     [
-        pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt"),
+        # Three more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes).
+        pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt",
+                     marks=pytest.mark.slow),
         pytest.param(dict(prefix="The train"), id="prefix"),
-        # Two more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes).
         pytest.param(dict(hotwords="platform refreshments"), id="hotwords", marks=pytest.mark.slow),
         pytest.param(dict(condition_on_previous_text=False), id="no-previous-text"),
         pytest.param(dict(vad_filter=True), id="vad"),
