@@ -64,12 +64,17 @@ class SpeculationPolicy:
     probe_interval: int = FIRST_PROBE_INTERVAL
     next_probe: int = FIRST_PROBE_INTERVAL
     last_winner: Optional[bool] = None
+    # Measure the loop on the first call rather than generate() (re-decodes: the previous
+    # hypothesis makes the loop the likely winner, and streaming clients make few calls).
+    loop_first: bool = False
     # way ("speculative" or a batch size) -> (running seconds, running tokens), see record().
     _running: Dict[object, Tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def speculate(self, batch_size: int) -> bool:
         """Whether the next call with ``batch_size`` rows should run speculatively."""
         generate_cost = self.generate_cost.get(batch_size)
+        if self.loop_first and self.speculative_cost is None:
+            return True
         if generate_cost is None:
             return False  # the call faster-whisper makes, measured first
         self.calls += 1

@@ -52,6 +52,26 @@ class Fingerprint:
         return bool(np.allclose(np.maximum(self.head, floor), np.maximum(other.head, floor), rtol=0, atol=TOLERANCE))
 
 
+def window_fingerprint(features) -> Optional[Fingerprint]:
+    """The fingerprint of a one-row batch of features ([1, n_mels, frames]), None for a batch
+    of several rows (their calls are not re-decodes of one stream) or features not readable on
+    the host (a GPU StorageView)."""
+    try:
+        array = np.asarray(features)
+    except (TypeError, ValueError, RuntimeError, AttributeError):  # not on the host
+        return None
+    if array.ndim != 3 or array.shape[0] != 1:
+        return None
+    return Fingerprint.of(array[0])
+
+
+def remembered_tokens(tokens: Sequence[int], ended: bool, eot: int) -> Tuple[int, ...]:
+    """What ``RecentWindows`` keeps of a decode: its tokens (forced prefix included), and the
+    end of text when the decode ended there rather than at its length limit, since the next
+    decode's end of text is offered as any other token."""
+    return tuple(int(t) for t in tokens) + ((int(eot),) if ended else ())
+
+
 class RecentWindows:
     """Per thread, the last ``REMEMBERED`` windows decoded: (fingerprint, tokens).
 

@@ -30,8 +30,10 @@ from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
 from ct2_flash.engine.models import embedded_name, resolve_model
 from ct2_flash.policy import SpeculationPolicy, produced_tokens
+from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
+from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import TargetRuntime
+from ct2_flash.runtime.target import PromptLayout, TargetRuntime
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 from ct2_flash.engines import Engines
@@ -133,8 +135,14 @@ class SpeculativeWhisper:
         self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
-        # Per thread: the last encoder output and, per row, how many of its frames hold audio.
+        # Per thread: the last encoder output, per row how many of its frames hold audio, and
+        # the fingerprint of a one-row window.
         self._encoded_audio = threading.local()
+        # Per thread, the last windows decoded greedily: a re-decode of the same audio (a
+        # streaming client's growing buffer) is offered its previous hypothesis, and judged by
+        # a policy of its own, since how well the loop pays differs from fresh audio.
+        self.recent = RecentWindows()
+        self.redecode_policy = SpeculationPolicy(loop_first=True)
         self._loop = threading.Lock()  # held by the one call in the speculative loop
         self._counting = threading.Lock()  # counters and policies touched outside the loop
 
@@ -151,7 +159,7 @@ class SpeculativeWhisper:
         output = self.engines.encode(features, to_cpu=to_cpu)
         with self._counting:
             self.stats.encoder_seconds += time.perf_counter() - started
-        self._encoded_audio.last = (output, audio_frames(features))
+        self._encoded_audio.last = (output, audio_frames(features), window_fingerprint(features))
         return output
 
     def policy_for(self, options: DecodingOptions) -> SpeculationPolicy:
@@ -182,9 +190,13 @@ class SpeculativeWhisper:
             **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
         )
         encoder_output = self._encoded(features)
+        # A greedy call on one window that this thread decoded before: its previous hypothesis.
+        fingerprint = None if options.sampling else self._fingerprint(encoder_output)
+        previous = None if fingerprint is None else self.recent.recall(fingerprint)
         # Without adaptive (and while tests swap drafters in) every call drafts.
         with self._counting:
-            policy = self.policy_for(options)
+            self.stats.redecodes += int(previous is not None)
+            policy = self.redecode_policy if previous is not None else self.policy_for(options)
             # A seeded model samples in the loop only: which way a call goes depends on
             # timings, and the loop's draws do not (CTranslate2's would differ).
             repeatable = options.sampling and self.decoder.seeded
@@ -194,7 +206,7 @@ class SpeculativeWhisper:
         started = time.perf_counter()
         try:
             if in_loop:
-                results = self._speculative_rows(encoder_output, prompts, options, kwargs)
+                results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
             else:  # speculation measured slower (or is busy): the very call faster-whisper makes
                 results = self.engines.generate(encoder_output, prompts, **kwargs)
         finally:
@@ -208,6 +220,11 @@ class SpeculativeWhisper:
                 self.stats.generate_seconds += seconds
                 self.stats.busy_calls += int(speculative)
             policy.record(in_loop, len(prompts), seconds, tokens)
+        if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
+            layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
+            decoded = results[0].sequences_ids[0]
+            self.recent.remember(fingerprint, remembered_tokens(
+                decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
         return results
 
     def detect_language(self, features, *args, **kwargs):
@@ -216,9 +233,22 @@ class SpeculativeWhisper:
     def align(self, features, start_sequence, text_tokens, num_frames, median_filter_width: int = 7):
         return self.engines.align(features, start_sequence, text_tokens, num_frames, median_filter_width)
 
-    def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any]) -> list:
-        encoded, frames = getattr(self._encoded_audio, "last", (None, None))
+    def _fingerprint(self, encoder_output) -> Optional[Fingerprint]:
+        """The fingerprint of the one-row window this thread encoded as ``encoder_output``."""
+        encoded, _, fingerprint = getattr(self._encoded_audio, "last", (None, None, None))
+        return fingerprint if encoded is encoder_output else None
+
+    def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
+                          previous: Optional[Sequence[int]] = None) -> list:
+        """The rows of a call decoded in the loop; ``previous``: the previous hypothesis of a
+        one-row call's window, offered by a ``HypothesisDrafter`` around the model's drafter."""
+        encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
         frames = frames if encoded is encoder_output else None
+        if previous is not None:
+            drafter = HypothesisDrafter(self.decoder.drafter, self.decoder.runtime.special.timestamp_begin)
+            drafter.remember(previous)
+            with self.decoder.use_drafter(drafter, self.decoder.adaptive):
+                return self._speculative_rows(encoder_output, prompts, options, kwargs)
         encoder_output = self.engines.local(encoder_output)  # the worker's copy, if it encoded
         rows = np.asarray(encoder_output)
         results = []

@@ -326,3 +326,41 @@ def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(mon
     asked = {n for _, n in drafter.requests}
     assert asked == ({2} if prefixes else {6})
     assert decoder.lengths.proposal.timed and decoder.stats.drafted_rows == sum(n for _, n in drafter.requests)
+
+
+class OfferingDrafter(ScriptDrafter):
+    """Offers the rest of the script for free (wrong at chosen positions); proposes nothing."""
+
+    def __init__(self, wrong_at: Sequence[int] = ()) -> None:
+        super().__init__()
+        self.offers: List[tuple] = []
+        self.wrong_offered = set(wrong_at)
+
+    def offered(self, generated, limit):
+        self.offers.append((len(generated), limit))
+        start = len(generated)
+        return tuple(WRONG if start + j in self.wrong_offered else t for j, t in enumerate(SCRIPT[start : start + limit]))
+
+    def propose(self, generated, num_tokens):
+        self.requests.append((len(generated), num_tokens))
+        return Proposal(tokens=())
+
+
+@pytest.mark.parametrize("max_length", [448, 12])
+def test_offered_tokens_are_verified_as_one_block_longer_than_k(max_length):
+    drafter = OfferingDrafter(wrong_at=[6])
+    result, sequence, stats = run(drafter, k=2, max_length=max_length)
+    steps = min(max_length // 2, max_length - 1)
+    assert result.tokens == SCRIPT[: min(len(SCRIPT) - 1, steps)]
+    # Round 1 verifies the anchor and all the script offers (the budget keeps one for the
+    # bonus), K = 2 notwithstanding; the wrong 7th token is corrected.
+    first_limit = min(32, steps - 2)
+    assert drafter.offers[0] == (1, first_limit)
+    offered = [WRONG if j == 6 else t for j, t in enumerate(SCRIPT[: 1 + first_limit])][1:]
+    assert sequence.verify_log[0] == (2, [11, *offered])
+    assert len(offered) == min(len(SCRIPT) - 1, first_limit) > 2
+    assert stats.offered_rounds == len(drafter.offers) and stats.offered_accepted == stats.accepted
+    assert drafter.requests == []  # the drafter proposed nothing: its offers covered every round
+    # 448: the correction 17 is the next anchor, and 18 .. end of text are offered and kept;
+    # 12: the budget ends with the first block's bonus.
+    assert len(sequence.verify_log) == (2 if max_length == 448 else 1)

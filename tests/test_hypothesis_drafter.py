@@ -67,17 +67,18 @@ def _window():
     return DraftWindow(encoder_output=np.zeros((4, 2), np.float32), prompt=(1,), options=DecodingOptions(), eot=EOT)
 
 
-def test_the_drafter_proposes_the_hypothesis_and_falls_back_where_it_has_none():
+def test_the_drafter_offers_the_hypothesis_and_its_fallback_proposes():
     fallback = Recording()
     drafter = HypothesisDrafter(fallback, TS)
     drafter.remember(PREVIOUS)
     drafter.begin(_window())
-    assert drafter.propose([ts(0.0)], 4).tokens == (1, 2, 3, ts(2.0))
-    assert drafter.propose([ts(0.0), 1, 2, 3, ts(2.4)], 3).tokens == (ts(2.2), 4, 1)
+    assert drafter.offered([ts(0.0)], 4) == (1, 2, 3, ts(2.0))
+    assert drafter.offered([ts(0.0), 1, 2, 3, ts(2.4)], 3) == (ts(2.2), 4, 1)
     drafter.advance(None, 7)
-    assert drafter.propose(PREVIOUS[:-1], 3).tokens == (EOT,)
-    assert drafter.propose([ts(0.0), 6, 7], 3).tokens == (42,)  # nothing in common: the fallback
-    assert drafter.proposed_from_hypothesis == 3
+    assert drafter.offered(PREVIOUS[:-1], 3) == (EOT,)
+    assert drafter.offered([ts(0.0), 6, 7], 3) == ()  # nothing in common: nothing offered
+    assert drafter.propose([ts(0.0), 6, 7], 3).tokens == (42,)  # the fallback proposes
+    assert drafter.offered_rounds == 3
     assert fallback.calls == ["begin", ("advance", 7), "propose"]
 
 
@@ -86,7 +87,7 @@ def test_a_hypothesis_serves_only_the_window_it_was_remembered_for():
     drafter.remember(PREVIOUS)
     drafter.begin(_window())
     drafter.begin(_window())  # the next window: nothing remembered for it
-    assert drafter.propose([ts(0.0)], 4).tokens == (42,)
+    assert drafter.offered([ts(0.0)], 4) == ()
 
 
 def _features(seed, frames=3000, floor=-0.8):

@@ -211,3 +211,26 @@ def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(a
     # A memory of ~50 rounds, pulled a little towards the prior of 0.5.
     np.testing.assert_allclose(learned[:2], acceptance[:2], atol=0.15)
     assert policy.rows(8) == rows_of_8 and policy.rows(3) == rows_of_3
+
+
+@pytest.mark.parametrize("acceptance, slope, chosen", [
+    (0.97, 0.05, range(24, 33)),  # nearly always right, cheap rows: E(n)/cost(n) is best at 28-30
+    (0.5, 0.1, range(2, 4)),  # right half the time: E(n) = 1 + q + q^2 ... levels off at 2; best at 2
+    (0.0, 0.1, range(0, 1)),  # never right: a plain step
+])
+def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(acceptance, slope, chosen):
+    """Offered tokens are counted apart from the drafter's: their rounds teach the offered
+    acceptance and the verification cost, not the acceptance by position the drafter's
+    length uses."""
+    policy = DraftLengthPolicy()
+    rng = np.random.default_rng(2)
+    cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds
+    for _ in range(300):
+        n = int(rng.integers(1, 33))
+        accepted = 0
+        while accepted < n and rng.random() < acceptance:
+            accepted += 1
+        policy.observe_offered(n, accepted, accepted < n, cost(n))
+    assert policy.offered(32) in chosen
+    assert policy.offered(0) == 0
+    assert not policy._judged_at.size  # the drafter's acceptance by position saw none of it

@@ -177,6 +177,13 @@ class Drafter(abc.ABC):
             num_tokens: the most tokens that can still be used (>= 1).
         """
 
+    def offered(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
+        """Tokens known to follow ``generated`` without computing anything (up to ``limit``),
+        such as a previous hypothesis of the same audio; the loop asks for them before
+        ``propose`` and verifies them as one block, longer than K where that pays. None here.
+        """
+        return ()
+
     def observe_position(self, frame: int) -> None:
         """The encoder frame the target's alignment heads attended to most when it predicted
         the next anchor (called after each verification when ``wants_position``)."""

@@ -5,10 +5,11 @@ Streaming clients (whisper_streaming, whisperlivekit, whisper-live, RealtimeSTT)
 decode of a window that starts with the same audio mostly says again what the previous one
 said: on real speech 86% of its tokens stood in the previous hypothesis, but only 54% as a
 plain prefix, since the last segment's end timestamp and the last word move as audio arrives
-and the text after them comes back. So the previous hypothesis is proposed from where the new
-decode stands in it, found again after every mismatch (``realign``); where it has nothing
-(new audio at the end, a passage said differently) the trained drafter proposes instead.
-Proposals only decide speed: the target verifies every token.
+and the text after them comes back. So the previous hypothesis is offered from where the new
+decode stands in it, found again after every mismatch (``realign``), as one long block the
+loop verifies (``Drafter.offered``: it costs nothing to propose); where it has nothing (new
+audio at the end, a passage said differently) the trained drafter proposes instead. Drafts
+only decide speed: the target verifies every token.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _realign(key: Sequence[int], generated: Sequence[int], timestamp_begin: int,
 
 
 class HypothesisDrafter(Drafter):
-    """Proposes the previous hypothesis of this window's audio, else asks ``fallback``.
+    """Offers the previous hypothesis of this window's audio; ``fallback`` proposes.
 
     The fallback sees every window and every round (``begin``, ``advance``,
     ``observe_position``), so that its own cache is whole whenever it has to propose.
@@ -91,7 +92,7 @@ class HypothesisDrafter(Drafter):
         self._previous: Tuple[int, ...] = ()
         self._previous_keys: List[int] = []  # _keys(self._previous): matched every round
         self._cursor: Optional[Tuple[int, int]] = None  # (position in previous, len(generated) then)
-        self.proposed_from_hypothesis = 0  # rounds that proposed from it (for measurements)
+        self.offered_rounds = 0  # rounds that offered from it (for measurements)
 
     def remember(self, previous: Optional[Sequence[int]]) -> None:
         """The previous hypothesis of the window the next ``begin`` starts (None: none), its
@@ -103,17 +104,23 @@ class HypothesisDrafter(Drafter):
         self._previous_keys = _keys(self._previous, self.timestamp_begin)
         self.fallback.begin(window)
 
+    def offered(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
+        """The previous hypothesis from where ``generated`` continues in it (up to ``limit``
+        tokens), or nothing where it does not."""
+        if not self._previous:
+            return ()
+        expected = None
+        if self._cursor is not None:
+            position, length = self._cursor
+            expected = position + len(generated) - length
+        at = _realign(self._previous_keys, generated, self.timestamp_begin, expected, MAX_CONTEXT)
+        if at is None or at >= len(self._previous):
+            return ()
+        self._cursor = (at, len(generated))
+        self.offered_rounds += 1
+        return self._previous[at : at + limit]
+
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
-        if self._previous:
-            expected = None
-            if self._cursor is not None:
-                position, length = self._cursor
-                expected = position + len(generated) - length
-            at = _realign(self._previous_keys, generated, self.timestamp_begin, expected, MAX_CONTEXT)
-            if at is not None and at < len(self._previous):
-                self._cursor = (at, len(generated))
-                self.proposed_from_hypothesis += 1
-                return Proposal(tokens=self._previous[at : at + num_tokens])
         return self.fallback.propose(generated, num_tokens)
 
     def observe_position(self, frame: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -136,6 +136,11 @@ class TimedDrafter:
             proposal = self.drafter.propose(generated, count)
         self._clock.propose_seconds += time.perf_counter() - started
         return proposal
+
+    def offered(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
+        """The drafter's ``offered`` tokens (their time is the drafter's, not a proposal's)."""
+        with self._timing():
+            return self.drafter.offered(generated, limit)
 
     def observe_position(self, frame: int) -> None:
         with self._timing():

@@ -24,11 +24,11 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions
+from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
 from ct2_flash.runtime import governor
 from ct2_flash.runtime.acceptance import Acceptance
 from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, timed_prefill
-from ct2_flash.runtime.draft_length import DraftLengthPolicy
+from ct2_flash.runtime.draft_length import MAX_OFFERED, DraftLengthPolicy
 from ct2_flash.runtime.logit_rules import LogitRules
 from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.strategies import Draft, GreedyAcceptance, Guard, SampledAcceptance
@@ -178,7 +178,7 @@ class SpeculativeDecoder:
         spent_before = stats.verify_seconds + stats.drafter_seconds
         prompt = [int(t) for t in prompt]
         layout = PromptLayout.of(prompt, special)
-        max_steps = min(options.max_length // 2, options.max_length - layout.start_index)
+        max_steps = layout.max_steps(options.max_length)
         if max_steps == 0:
             raise ValueError("The maximum decoding length must be > 0")  # CTranslate2's check
         # Forced prefix tokens are part of the output and count against the budget.
@@ -249,14 +249,22 @@ class SpeculativeDecoder:
 
     def _propose(self, state: "_Decoding", drafter: TimedDrafter) -> Draft:
         """The round's drafts: none while drafting is paused or an unsure row waits for its
-        single-token pass; otherwise up to K (fewer when the budget ends or, adaptive, when
-        more would not pay: ``DraftLengthPolicy`` chooses how many rows the drafter computes,
-        then how many of its drafts are verified), drawn from the drafter's distribution under
-        sampling."""
+        single-token pass; the drafter's offered tokens if it has any (up to ``MAX_OFFERED``,
+        as many as pay when adaptive); otherwise up to K proposed (fewer when the budget ends
+        or, adaptive, when more would not pay: ``DraftLengthPolicy`` chooses how many rows the
+        drafter computes, then how many of its drafts are verified), drawn from the drafter's
+        distribution under sampling."""
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
         count = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
         if count <= 0 or not state.strategy.guard.allows_drafts():
             return Draft()
+        # Tokens known for free (a previous hypothesis of this audio) go first, as a long block.
+        offered = drafter.offered(state.generated, min(MAX_OFFERED, state.steps_left - 1))
+        verified = self.lengths.offered(len(offered)) if state.adaptive else len(offered)
+        if verified:
+            tokens = tuple(offered[:verified])
+            draft = state.strategy.drafts(Proposal(tokens=tokens), tokens, (), state.rules, state.generated)
+            return dataclasses.replace(draft, offered=True)
         if state.adaptive and self.drafter.proposes_prefixes:
             # The proposal's cost grows with its rows: ask only for those likely to pay.
             count = self.lengths.rows(count)
@@ -306,10 +314,17 @@ class SpeculativeDecoder:
         stats.record_round(len(draft.tokens), outcome.accepted)
         stats.rows_rechecked += int(outcome.unsure)
         rejected = outcome.accepted < len(draft.tokens) and not outcome.unsure
-        confidences = draft.confidences if len(draft.confidences) == len(draft.tokens) else None
-        self.lengths.observe(len(draft.tokens), outcome.accepted, rejected, clock.verify_seconds, confidences)
-        if confidences is not None:
-            stats.record_confidences(confidences, outcome.accepted, rejected)
+        if draft.offered:
+            # Offered tokens are judged apart: their acceptance says nothing of the drafter's.
+            stats.offered_rounds += 1
+            stats.offered += len(draft.tokens)
+            stats.offered_accepted += outcome.accepted
+            self.lengths.observe_offered(len(draft.tokens), outcome.accepted, rejected, clock.verify_seconds)
+        else:
+            confidences = draft.confidences if len(draft.confidences) == len(draft.tokens) else None
+            self.lengths.observe(len(draft.tokens), outcome.accepted, rejected, clock.verify_seconds, confidences)
+            if confidences is not None:
+                stats.record_confidences(confidences, outcome.accepted, rejected)
         if state.finished or not state.drafting:
             return
         state.governor.record(outcome.emitted, clock.elapsed, clock.drafter_seconds, clock.verify_seconds)

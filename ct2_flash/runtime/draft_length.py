@@ -41,6 +41,11 @@ POSITION_DECAY = 0.98
 # tiny.en); a proposed row ~14% of a one-row proposal (the shipped drafter's int8 graph).
 VERIFY_ROW_FRACTION = 0.1
 PROPOSE_ROW_FRACTION = 0.14
+# Offered tokens (a previous hypothesis of the same audio): the most verified in one block, and
+# the acceptance assumed per token until rounds were seen (86% of a re-decode's tokens stood in
+# the previous hypothesis on real speech).
+MAX_OFFERED = 32
+PRIOR_OFFERED_ACCEPTANCE = 0.85
 
 
 @dataclass
@@ -103,6 +108,9 @@ class DraftLengthPolicy:
     # [positions] decayed counts by draft position: judged (every draft before it accepted), accepted.
     _judged_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
     _accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Decayed counts of offered tokens judged and accepted (``offered`` / ``observe_offered``).
+    _offered_judged: float = 0.0
+    _offered_accepted: float = 0.0
 
     @staticmethod
     def bins(log_probs: Sequence[float]) -> List[int]:
@@ -148,6 +156,28 @@ class DraftLengthPolicy:
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(log_probs)))])  # E(0 .. n)
         rate = expected / self.verify_cost(np.arange(len(expected)))
         return int(np.argmax(rate))
+
+    def offered(self, available: int) -> int:
+        """How many of ``available`` offered tokens (0 .. available) to verify: the most
+        expected tokens per second, with each token accepted with the rate observed for offered
+        tokens (given the ones before it) and the verification cost every pass teaches.
+
+        Offered tokens cost nothing to propose and are judged apart from the drafter's: a
+        previous hypothesis runs right for long stretches, then wrong where the audio grew.
+        """
+        if available <= 0:
+            return 0
+        prior = PRIOR_ROUNDS * PRIOR_OFFERED_ACCEPTANCE
+        rate = (self._offered_accepted + prior) / (self._offered_judged + PRIOR_ROUNDS)
+        counts = np.arange(available + 1)
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(rate ** counts[1:])])  # E(0 .. available)
+        return int(np.argmax(expected / self.verify_cost(counts)))
+
+    def observe_offered(self, drafts: int, accepted: int, rejected: bool, verify_seconds: float) -> None:
+        """Learn from one verification of ``drafts`` offered tokens (as ``observe``)."""
+        self._offered_judged = POSITION_DECAY * self._offered_judged + accepted + int(rejected)
+        self._offered_accepted = POSITION_DECAY * self._offered_accepted + accepted
+        self.verification.observe(drafts, verify_seconds)
 
     def observe_proposal(self, rows: int, seconds: float) -> None:
         """Learn what a proposal of ``rows`` mask rows cost."""

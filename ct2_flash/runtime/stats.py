@@ -36,6 +36,11 @@ class SpecStats:
             does not implement them (beam search, options it does not handle).
         generate_rows: rows decoded by CTranslate2's ``generate()`` because speculation
             measured slower (``policy.SpeculationPolicy``) or the loop was busy.
+        redecodes: greedy calls whose window's audio the same thread decoded before (its
+            previous hypothesis is offered, ``redecodes.RecentWindows``).
+        offered_rounds: rounds that verified offered tokens (a previous hypothesis of the
+            same audio, ``Drafter.offered``); ``offered`` of them were verified and
+            ``offered_accepted`` accepted (also counted in ``proposed`` / ``accepted``).
         busy_calls: calls the policy sent to the loop that went to ``generate()`` because
             another thread was decoding in it.
         calibration: [K][bins] counts (judged, accepted) of draft positions by the drafter's
@@ -64,6 +69,10 @@ class SpecStats:
     fallback_calls: int = 0
     generate_rows: int = 0
     busy_calls: int = 0
+    redecodes: int = 0
+    offered_rounds: int = 0
+    offered: int = 0
+    offered_accepted: int = 0
     calibration: List[List[List[int]]] = field(default_factory=list)
 
     @property

@@ -30,6 +30,7 @@ class Draft:
             proposed outright.
         rows: draft positions the drafter was asked to compute (0: no proposal this round).
         drawn: the drafts were drawn from the drafter's own distribution.
+        offered: the drafts were offered (``Drafter.offered``), not proposed.
     """
 
     tokens: Sequence[int] = ()
@@ -37,6 +38,7 @@ class Draft:
     probs: Optional[np.ndarray] = None
     rows: int = 0
     drawn: bool = False
+    offered: bool = False
 
 
 class Guard:

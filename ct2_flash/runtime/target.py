@@ -56,6 +56,11 @@ class PromptLayout:
     def prefix_length(self) -> int:
         return self.length - self.start_index - 1
 
+    def max_steps(self, max_length: int) -> int:
+        """CTranslate2's greedy budget: tokens after the decoder start token (forced prefix
+        and end of text included) a call with ``max_length`` may produce."""
+        return min(max_length // 2, max_length - self.start_index)
+
 
 @dataclass
 class PrefillResult:

@@ -1,0 +1,115 @@
+"""Re-decodes of a growing buffer: the previous hypothesis is offered, the output stays faster-whisper's.
+
+A streaming client transcribes its whole buffer again as audio arrives. The model finds the
+window it decoded before by its first second of audio and offers that hypothesis to the loop
+(``redecodes``, ``drafting.hypothesis``); every token is still verified, so each buffer's
+segments must equal plain faster-whisper's on the same engine, whatever the options.
+"""
+
+import numpy as np
+import pytest
+
+from .conftest import segments_of
+
+RATE = 16000
+
+
+def _growing(audio, ends):
+    return [audio[: int(end * RATE)] for end in ends]
+
+
+def _check_buffers(pair, name, buffers, **options):
+    """Every buffer transcribed by the loop (every round drafting) equals faster-whisper's.
+
+    Returns the loop's counters over the buffers."""
+    flash = pair.flash
+    flash.reset_spec_stats()
+    flash.model.recent.clear()
+    with flash.use_drafter(flash.drafter, adaptive=False):
+        for index, buffer in enumerate(buffers):
+            expected = pair.reference(f"{name}[{index}]", buffer, **options)
+            assert segments_of(flash, buffer, **options) == expected, (name, index, len(buffer) / RATE)
+    return flash.spec_stats
+
+
+OPTIONS = {
+    "timestamps": dict(beam_size=1),
+    "no timestamps": dict(beam_size=1, without_timestamps=True),
+    "word timestamps": dict(beam_size=1, word_timestamps=True),
+    "a prefix": dict(beam_size=1, prefix="So"),
+    "vad": dict(beam_size=1, vad_filter=True),
+    # Each window is decoded greedily twice in a row (the second a re-decode of the same audio).
+    "fallback to the same temperature": dict(beam_size=1, temperature=(0.0, 0.0), compression_ratio_threshold=0.5),
+}
+FAST = ("timestamps", "fallback to the same temperature")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=() if case in FAST else pytest.mark.slow) for case in OPTIONS])
+def test_growing_buffers_are_decoded_as_faster_whisper_decodes_them(float32_pair, clips, case):
+    audio = clips["long_multi_voice.ogg"]
+    buffers = _growing(audio, [3, 5, 7] if case in FAST else [3, 6, 9, 12, 15, 18])
+    stats = _check_buffers(float32_pair, case, buffers, **OPTIONS[case])
+    assert stats.redecodes >= len(buffers) - 1  # every buffer after the first found its window
+    assert stats.offered_rounds > 0 and stats.offered_accepted > 0
+
+
+@pytest.mark.slow
+def test_a_longer_buffer_re_decodes_every_window_that_starts_where_it_did(float32_pair, clips):
+    """Over 30 s a buffer has two windows; the second starts where the first one's last
+    timestamp put it, and is found again when that did not move (here it does not)."""
+    audio = clips["long_multi_voice.ogg"]
+    stats = _check_buffers(float32_pair, "two windows", _growing(audio, [40, 41]), beam_size=1)
+    assert stats.redecodes == 2
+
+
+def test_a_buffer_whose_start_moved_or_other_audio_is_decoded_afresh(float32_pair, clips):
+    audio = clips["long_multi_voice.ogg"]
+    trimmed = [audio[: 4 * RATE], audio[int(1.5 * RATE) : 5 * RATE]]  # the client trimmed 1.5 s
+    stats = _check_buffers(float32_pair, "trimmed", trimmed, beam_size=1)
+    assert stats.redecodes == 0
+    other = clips["clip01_slt.ogg"][: 4 * RATE]  # another stream after this one
+    assert _check_buffers(float32_pair, "others", [trimmed[0], other], beam_size=1).redecodes == 0
+
+
+def test_a_changed_prompt_still_decodes_exactly(float32_pair, clips):
+    """The previous hypothesis came from another prompt: it only drafts."""
+    audio = clips["long_multi_voice.ogg"][: 8 * RATE]
+    flash = float32_pair.flash
+    flash.model.recent.clear()
+    with flash.use_drafter(flash.drafter, adaptive=False):
+        segments_of(flash, audio, beam_size=1, initial_prompt="Hello there.")
+        flash.reset_spec_stats()
+        assert segments_of(flash, audio, beam_size=1) == float32_pair.reference("prompt", audio, beam_size=1)
+    assert flash.spec_stats.redecodes == 1
+
+
+def test_remembered_windows_are_kept_per_thread(float32_pair, clips):
+    import threading
+
+    audio = clips["long_multi_voice.ogg"][: 5 * RATE]
+    flash = float32_pair.flash
+    flash.model.recent.clear()
+    segments_of(flash, audio, beam_size=1)
+    flash.reset_spec_stats()
+    thread = threading.Thread(target=segments_of, args=(flash, audio), kwargs=dict(beam_size=1))
+    thread.start()
+    thread.join()
+    assert flash.spec_stats.redecodes == 0  # another thread's stream is its own
+    segments_of(flash, audio, beam_size=1)
+    assert flash.spec_stats.redecodes == 1
+
+
+def test_remembered_tokens_keep_the_end_of_text_only_where_the_decode_ended():
+    from ct2_flash.redecodes import remembered_tokens
+
+    assert remembered_tokens([5, 6], True, 99) == (5, 6, 99)
+    assert remembered_tokens(np.array([5, 6]), False, 99) == (5, 6)
+
+
+def test_only_a_one_row_batch_on_the_host_has_a_fingerprint():
+    from ct2_flash.redecodes import window_fingerprint
+
+    assert window_fingerprint(np.zeros((1, 80, 3000), np.float32)) is not None
+    assert window_fingerprint(np.zeros((2, 80, 3000), np.float32)) is None
+    assert window_fingerprint(object()) is None
