@@ -60,7 +60,7 @@ def main() -> None:
     from ct2_flash.runtime.stats import SpecStats
 
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
-    model = FlashWhisperModel("tiny.en", stock_engine=False, compute_type="int8", cpu_threads=2, near_exact=True)  # the int8 loop itself
+    model = FlashWhisperModel("tiny.en", stock_engine=False, compute_type="int8", cpu_threads=2, near_exact=True, redecodes=False)  # the int8 loop itself
     runtime = model.decoder.runtime
     blocks = []
     accept = decoding._Decoding.accept

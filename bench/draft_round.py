@@ -118,7 +118,7 @@ def main() -> None:
         utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
         audio = load_audio(utterances)
     flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False, guard_margin=0.0, near_exact=True)
+                              decoder_threads=None, adaptive=False, guard_margin=0.0, near_exact=True, redecodes=False)
     decoder = flash.decoder
     makers = {"plain steps": NoDrafts, **_drafters(model_path, args.drafter)}
     results = {}

@@ -79,7 +79,7 @@ def main() -> None:
                 "threads": args.threads, "repeats": args.repeats,
                 "machine": machine(), "results": {}}
     for compute_type in args.compute_types:
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, near_exact=True)
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, near_exact=True, redecodes=False)
         flash.model.policy.speculate = lambda batch_size: True  # every call through the loop
         drafter = OnnxDrafter(args.drafter, model_path)
         if not drafter.proposes_prefixes:

@@ -103,7 +103,7 @@ def main() -> None:
     directory = args.drafter or os.path.join(SHIPPED_DRAFTERS, "tiny.en")
     utterances = [u for name in args.speech_sets for u in read_manifest(fetch(name, ""))]
     audio = load_audio(utterances)
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=args.threads)
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=args.threads, redecodes=False)
     special, tokenizer = flash.decoder.runtime.special, flash.hf_tokenizer
     vocabulary = ExportManifest.read(directory).vocabulary
     shortlist = set(int(t) for t in vocabulary) if vocabulary is not None else None

@@ -74,7 +74,7 @@ def main() -> None:
     results = {}
     for compute_type in args.compute_type:
         model = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=args.threads, stock_engine=True,
-                                  policy=NeverSpeculate())
+                                  policy=NeverSpeculate(), redecodes=False)
         engines = {"stock": FixedEngine(False), "patched": FixedEngine(True)}
         model.model.engines.policy = engines["stock"]
         list(model.transcribe(next(iter(audio["test clips"].values())), beam_size=1)[0])  # warm-up: worker starts

@@ -58,7 +58,7 @@ def main() -> None:
     audio = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(data, "*.ogg")))}
     path = resolve_model(args.model)
     baseline = WhisperModel(path, compute_type="float32", cpu_threads=args.threads)
-    flash = FlashWhisperModel(args.model, stock_engine=False, compute_type="float32", cpu_threads=args.threads)
+    flash = FlashWhisperModel(args.model, stock_engine=False, compute_type="float32", cpu_threads=args.threads, redecodes=False)
     multilingual = flash.model.is_multilingual
     drafters = {"shipped": flash.decoder.drafter,
                 "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),

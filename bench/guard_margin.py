@@ -117,7 +117,7 @@ def main() -> None:
     utterances = [u for name in args.speech_set for u in read_manifest(fetch(name, ""))[: args.limit]]
     audio = load_audio(utterances)
     flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False, guard_margin=0.0)
+                              decoder_threads=None, adaptive=False, guard_margin=0.0, redecodes=False)
     decoder = flash.decoder
     special = decoder.runtime.special
     compute_type = decoder.runtime.model.compute_type  # resolved: int8 is int8_float32 on CPU
@@ -147,7 +147,7 @@ def main() -> None:
     for name, guard in candidates:
         # The margin is a constructor argument: one model per candidate, on the same engine settings.
         flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                                  decoder_threads=None, adaptive=False, guard_margin=guard)
+                                  decoder_threads=None, adaptive=False, guard_margin=guard, redecodes=False)
         decoder = flash.decoder
         identical = total = 0
         differences = []  # the target's own top-2 margin where a window first differs

@@ -157,7 +157,7 @@ def main() -> None:
     windows = joined_windows(args.speech_set, 20.0, 29.0)
     windows = windows[: args.windows] if args.windows else windows
     flash = FlashWhisperModel(resolve_model("tiny.en"), stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False)
+                              decoder_threads=None, adaptive=False, redecodes=False)
     decoder, special = flash.decoder, flash.decoder.runtime.special
     drafters = {"shipped": decoder.drafter,
                 "oracle_0.25": OracleDrafter(flash.reference_model, error_rate=0.25, seed=3),

@@ -102,7 +102,7 @@ def main() -> None:
     model_path = resolve_model("tiny.en")
     # One model on 2 threads for the loop too (no one-thread decoder copy): the verification
     # that runs before each round is the 2-thread pass.
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=2, decoder_threads=None)
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=2, decoder_threads=None, redecodes=False)
     runtime = flash.decoder.runtime
     encoder_output = flash.encode_window(decode_audio(os.path.join(ROOT, "tests", "data", "clip12_awb.ogg")))
     prompt = [runtime.special.sot, runtime.special.no_timestamps]

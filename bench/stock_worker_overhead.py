@@ -36,7 +36,7 @@ def main() -> None:
     path = resolve_model("tiny.en")
     results = {}
     for compute_type in args.compute_type:
-        flash = FlashWhisperModel(path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, decoder_threads=None)
+        flash = FlashWhisperModel(path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, decoder_threads=None, redecodes=False)
         engine = StockEngine(path, flash.reference_model.compute_type, args.threads)
         try:
             windows = [flash.window_features(audio[u.path])[None] for u in utterances]

@@ -66,7 +66,7 @@ def main() -> None:
     results = []
     for workers in args.threads:
         options = dict(compute_type=args.compute_type, cpu_threads=args.cpu_threads, num_workers=workers)
-        systems = {"faster-whisper": WhisperModel(path, **options), "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options)}
+        systems = {"faster-whisper": WhisperModel(path, **options), "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options, redecodes=False)}
         for model in systems.values():  # warm-up
             run(model, clips[:workers], workers)
         walls = {name: [] for name in systems}

@@ -1,6 +1,7 @@
 """``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems,
-``transcribe`` writes transcripts of files, ``bench`` measures both on many files, ``convert-drafter`` exports a trained drafter for the
-runtime, ``fetch-speech`` downloads the real-speech sets."""
+``transcribe`` writes transcripts of files, ``bench`` measures both on many files, ``stream`` replays a file as a
+live stream, ``convert-drafter`` exports a trained drafter for the runtime, ``fetch-speech`` downloads the
+real-speech sets."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _demo(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
     flash = FlashWhisperModel(path, num_draft_tokens=args.k, near_exact=args.near_exact,
-                              stock_engine=args.stock_engine, **options)
+                              stock_engine=args.stock_engine, **options, redecodes=False)
     transcribe = dict(beam_size=1, without_timestamps=args.no_timestamps)
     # faster-whisper as users run it (stock ctranslate2, in a worker process) and on this
     # environment's patched runtime, each timed on the same audio, interleaved with ct2-flash.
@@ -268,6 +269,61 @@ def _fetch_speech(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream(args: argparse.Namespace) -> int:
+    import json
+
+    from faster_whisper import WhisperModel, decode_audio
+
+    from ct2_flash.benchmark.replay import as_records, replay, summary
+    from ct2_flash.engine.models import resolve_model
+    from ct2_flash.streaming import OnlineProcessor, StreamOptions, text_of
+    from ct2_flash.whisper_model import FlashWhisperModel
+
+    try:
+        audio = decode_audio(args.audio)
+    except Exception as error:  # PyAV raises many types for unreadable input
+        print(f"ct2-flash: cannot read audio {args.audio!r}: {error}", file=sys.stderr)
+        return 2
+    if audio.size == 0:
+        print(f"ct2-flash: {args.audio!r} contains no audio", file=sys.stderr)
+        return 2
+    if not args.chunk > 0:
+        print(f"ct2-flash stream: --chunk must be > 0 seconds, got {args.chunk}", file=sys.stderr)
+        return 2
+    path = resolve_model(args.model)
+    options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
+    model = WhisperModel(path, **options) if args.baseline else FlashWhisperModel(path, near_exact=args.near_exact, **options)
+    processor = OnlineProcessor(model, StreamOptions(language=args.language))
+
+    def show(words) -> None:
+        print(f"{words[0].start:8.2f} {words[-1].end:8.2f} {text_of(words)}", flush=True)
+
+    iterations = replay(processor, audio, args.chunk, wait=not args.no_wait, on_commit=show)
+    duration = audio.size / 16000
+    document = {
+        "audio": args.audio, "audio_seconds": duration, "model": args.model, "compute_type": args.compute_type,
+        "threads": args.threads, "chunk_seconds": args.chunk, "real_time_pace": not args.no_wait,
+        "system": "faster-whisper (this environment's engine)" if args.baseline else "ct2-flash",
+        "summary": summary(iterations, duration), "committed": text_of(processor.committed),
+        "iterations": as_records(iterations),
+    }
+    if not args.baseline:
+        stats = model.spec_stats
+        document["loop"] = {"redecodes": stats.redecodes, "tokens_per_target_call": stats.tokens_per_call,
+                            "offered": stats.offered, "offered_accepted": stats.offered_accepted,
+                            "rows_in_loop": stats.generate_calls, "rows_in_generate": stats.generate_rows}
+        model.model.engines.close()
+    result = document["summary"]
+    print(f"{result['iterations']} iterations: {result['mean_iteration_seconds']:.3f} s mean, "
+          f"{result['p95_iteration_seconds']:.3f} s p95 per iteration; real-time factor {result['real_time_factor']:.2f}"
+          + (f"; final lag {result['final_lag_seconds']:.2f} s" if result["final_lag_seconds"] is not None else ""),
+          file=sys.stderr)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as stream:
+            json.dump(document, stream, indent=2)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__)
     commands = parser.add_subparsers(dest="command")
@@ -346,6 +402,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="FlashWhisperModel(stock_engine=...): the encoder and every call outside the loop on "
                             "stock ctranslate2 in a worker process (default: on, as the model's)")
     bench.add_argument("--out", default="bench_results", help="output directory (bench.json, *.png)")
+    stream = commands.add_parser("stream", help="replay a file as a live stream (LocalAgreement-2), time each iteration")
+    stream.add_argument("audio", help="audio file")
+    stream.add_argument("--chunk", type=float, default=1.0, help="seconds of audio per iteration (default 1.0)")
+    stream.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
+    stream.add_argument("--compute-type", default="int8", choices=["int8", "float32", "int8_float32", "int16"])
+    stream.add_argument("--threads", type=int, default=2)
+    stream.add_argument("--language", default=None, help="language code (default: the model's, or detected)")
+    stream.add_argument("--no-wait", action="store_true", help="feed chunks as fast as they are processed, not in real time")
+    stream.add_argument("--baseline", action="store_true", help="run the same policy on plain faster-whisper")
+    stream.add_argument("--near-exact", action="store_true", help="FlashWhisperModel(near_exact=True): the loop at int8 too")
+    stream.add_argument("--json", default="", help="write per-iteration times, lag and the committed text here")
     convert = commands.add_parser("convert-drafter", help="a drafter checkpoint -> ONNX graphs the runtime runs (needs [train])")
     convert.add_argument("checkpoint", help="drafter checkpoint directory (drafter.json + drafter.safetensors)")
     convert.add_argument("out", help="output directory (may be the checkpoint itself, with --force)")
@@ -365,6 +432,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _transcribe(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "stream":
+        return _stream(args)
     if args.command == "convert-drafter":
         return _convert_drafter(args)
     if args.command == "fetch-speech":

@@ -124,7 +124,7 @@ class SpeculativeWhisper:
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
                  policy: Optional[SpeculationPolicy] = None, near_exact: bool = False,
-                 engines: Optional[Engines] = None) -> None:
+                 engines: Optional[Engines] = None, redecodes: bool = True) -> None:
         self._model = model
         self.decoder = decoder
         # Where encoder outputs and the calls outside the loop run (stock engine or patched).
@@ -141,7 +141,7 @@ class SpeculativeWhisper:
         # Per thread, the last windows decoded greedily: a re-decode of the same audio (a
         # streaming client's growing buffer) is offered its previous hypothesis, and judged by
         # a policy of its own, since how well the loop pays differs from fresh audio.
-        self.recent = RecentWindows()
+        self.recent = RecentWindows() if redecodes else None
         self.redecode_policy = SpeculationPolicy(loop_first=True)
         self._loop = threading.Lock()  # held by the one call in the speculative loop
         self._counting = threading.Lock()  # counters and policies touched outside the loop
@@ -159,7 +159,8 @@ class SpeculativeWhisper:
         output = self.engines.encode(features, to_cpu=to_cpu)
         with self._counting:
             self.stats.encoder_seconds += time.perf_counter() - started
-        self._encoded_audio.last = (output, audio_frames(features), window_fingerprint(features))
+        fingerprint = window_fingerprint(features) if self.recent is not None else None
+        self._encoded_audio.last = (output, audio_frames(features), fingerprint)
         return output
 
     def policy_for(self, options: DecodingOptions) -> SpeculationPolicy:
@@ -348,7 +349,14 @@ class FlashWhisperModel(WhisperModel):
             outright (``decoding.SpeculativeDecoder``). The tokens' distribution is the
             target's either way.
         policy: decides per call whether the loop or ``generate()`` decodes it (default a new
-            ``SpeculationPolicy``); used only with ``adaptive``.
+            ``SpeculationPolicy``); used only with ``adaptive``. Re-decodes have a policy of
+            their own (``model.redecode_policy``), which measures the loop first.
+        redecodes: remember, per thread, the last windows decoded greedily (their first second
+            of audio and their tokens, ``redecodes.REMEMBERED`` of them), and offer a window's previous
+            hypothesis to the loop when the same audio is decoded again, as streaming clients
+            do with their growing buffer every second (``redecodes``, ``drafting.hypothesis``);
+            the output is the same either way. ``forget_windows()`` forgets this thread's.
+            False: every decode is a first one (what benchmarks of fresh audio measure).
         near_exact: also run the loop at compute types other than float32 (int8, int16,
             float16), where a multi-token pass is not the computation single steps make: a
             row and the cache entries it writes move by up to ~1 logit at int8, and later
@@ -385,6 +393,7 @@ class FlashWhisperModel(WhisperModel):
         policy: Optional[SpeculationPolicy] = None,
         near_exact: bool = False,
         stock_engine: bool = True,
+        redecodes: bool = True,
         **kwargs,
     ) -> None:
         if num_draft_tokens < 1:
@@ -429,7 +438,7 @@ class FlashWhisperModel(WhisperModel):
         engines = Engines(self.model, self._stock_engine(model_path, args, kwargs, seed) if stock_engine else None)
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy(), near_exact,
-                                        engines)
+                                        engines, redecodes)
 
     def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int]) -> Optional[StockEngine]:
         """The worker on stock ctranslate2, with this model's compute type and threads (CPU
@@ -519,6 +528,12 @@ class FlashWhisperModel(WhisperModel):
 
     def reset_spec_stats(self) -> None:
         self.model.stats.reset()
+
+    def forget_windows(self) -> None:
+        """Forget the windows this thread decoded (``redecodes``): the next decode of the same
+        audio is a first one."""
+        if self.model.recent is not None:
+            self.model.recent.clear()
 
 
 class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import weakref
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -71,6 +72,29 @@ def segments_of(model, audio: np.ndarray, **options) -> List[tuple]:
 
 
 _PAIRS: Dict[str, ModelPair] = {}
+
+
+# Every FlashWhisperModel the tests make, so that each test can start with none remembering a window.
+_FLASH_MODELS: "weakref.WeakSet[FlashWhisperModel]" = weakref.WeakSet()
+_make_flash = FlashWhisperModel.__init__
+
+
+def _registered(self, *args, **kwargs):
+    _make_flash(self, *args, **kwargs)
+    _FLASH_MODELS.add(self)
+
+
+FlashWhisperModel.__init__ = _registered
+
+
+@pytest.fixture(autouse=True)
+def first_decodes():
+    """Each test starts with models that remember no window (``FlashWhisperModel(redecodes=...)``):
+    a clip an earlier test decoded would otherwise be a re-decode, drafted from its previous
+    hypothesis rather than by the drafter the test means to exercise."""
+    for model in list(_FLASH_MODELS):
+        model.forget_windows()
+    yield
 
 
 @pytest.fixture(scope="session", params=["float32", "int8"])

@@ -106,6 +106,7 @@ def test_greedy_calls_run_on_the_engine_the_policy_picks(stock_flash, float32_pa
     engines = stock_flash.model.engines
     chosen, engines.policy = engines.policy, OnePatched()
     loop_policy, stock_flash.model.policy = stock_flash.model.policy, ForcedGenerate()  # every call outside the loop
+    redecode_policy, stock_flash.model.redecode_policy = stock_flash.model.redecode_policy, ForcedGenerate()  # re-decodes too
     try:
         calls, fetches = dict(engines.generate_calls), engines.stock.timings.get("fetch", [0])[0]
         name = SHORT[0]
@@ -117,6 +118,7 @@ def test_greedy_calls_run_on_the_engine_the_policy_picks(stock_flash, float32_pa
         assert engines.stock.timings["fetch"][0] - fetches <= windows
     finally:
         engines.policy, stock_flash.model.policy = chosen, loop_policy
+        stock_flash.model.redecode_policy = redecode_policy
 
 
 @pytest.fixture(scope="module")

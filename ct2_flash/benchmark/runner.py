@@ -131,7 +131,7 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
                               guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
                               drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive,
                               draw_drafts=config.draw_drafts, near_exact=config.near_exact,
-                              stock_engine=config.stock_engine)
+                              stock_engine=config.stock_engine, redecodes=False)
     if config.drafter == ORACLE:
         attach_oracle(flash, options)
     return flash
