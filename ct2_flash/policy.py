@@ -64,16 +64,22 @@ class SpeculationPolicy:
     probe_interval: int = FIRST_PROBE_INTERVAL
     next_probe: int = FIRST_PROBE_INTERVAL
     last_winner: Optional[bool] = None
-    # Measure the loop on the first call rather than generate() (re-decodes: the previous
-    # hypothesis makes the loop the likely winner, and streaming clients make few calls).
-    loop_first: bool = False
+    # Calls decoded in the loop before generate() is measured (re-decodes: the previous
+    # hypothesis makes the loop the likely winner, and its first call pays one-time costs that
+    # one measurement alone would hold against it), and the shortest interval between probes.
+    loop_first: int = 0
+    min_probe_interval: int = FIRST_PROBE_INTERVAL
+    # The longest interval between probes (re-decodes: which way wins changes as the buffer
+    # grows, so the loser is probed often whatever the budget says).
+    max_probe_interval: int = MAX_PROBE_INTERVAL
+    loop_calls: int = 0
     # way ("speculative" or a batch size) -> (running seconds, running tokens), see record().
     _running: Dict[object, Tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def speculate(self, batch_size: int) -> bool:
         """Whether the next call with ``batch_size`` rows should run speculatively."""
         generate_cost = self.generate_cost.get(batch_size)
-        if self.loop_first and self.speculative_cost is None:
+        if self.loop_calls < self.loop_first:
             return True
         if generate_cost is None:
             return False  # the call faster-whisper makes, measured first
@@ -85,10 +91,10 @@ class SpeculationPolicy:
         affordable = math.ceil(loss / PROBE_BUDGET)  # calls per probe that keep its cost in budget
         if winner != self.last_winner:  # a new leader: probe the other way soon again
             self.last_winner = winner
-            self.probe_interval = min(max(FIRST_PROBE_INTERVAL, affordable), MAX_PROBE_INTERVAL)
+            self.probe_interval = min(max(self.min_probe_interval, affordable), self.max_probe_interval)
             self.next_probe = self.calls + self.probe_interval
         if self.calls >= self.next_probe:
-            self.probe_interval = min(max(2 * self.probe_interval, affordable), MAX_PROBE_INTERVAL)
+            self.probe_interval = min(max(2 * self.probe_interval, affordable), self.max_probe_interval)
             self.next_probe = self.calls + self.probe_interval
             return not winner
         return winner
@@ -115,6 +121,7 @@ class SpeculationPolicy:
             (1 - SMOOTHING) * previous[0] + SMOOTHING * seconds, (1 - SMOOTHING) * previous[1] + SMOOTHING * tokens)
         self._running[key] = running
         if speculative:
+            self.loop_calls += 1
             self.speculative_cost = running[0] / running[1]
         else:
             self.generate_cost[batch_size] = running[0] / running[1]

@@ -234,3 +234,18 @@ def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(accepta
     assert policy.offered(32) in chosen
     assert policy.offered(0) == 0
     assert not policy._judged_at.size  # the drafter's acceptance by position saw none of it
+
+
+def test_a_re_decode_policy_measures_the_loop_first_and_probes_the_loser_every_few_calls():
+    """``SpeculativeWhisper.redecode_policy``: the first calls go to the loop, then generate()
+    is measured, and however much the loop loses it is probed again every ``max_probe_interval``
+    calls (a growing buffer changes which way wins)."""
+    policy = SpeculationPolicy(loop_first=3, min_probe_interval=4, max_probe_interval=4, probe_interval=4, next_probe=4)
+    ways = []
+    for _ in range(16):
+        speculative = policy.speculate(1)
+        ways.append(speculative)
+        policy.record(speculative, 1, 0.030 if speculative else 0.010, 1)  # the loop 3x slower
+    assert ways[:4] == [True, True, True, False]  # three in the loop, then generate() is measured
+    probes = [index for index, way in enumerate(ways[4:], start=4) if way]
+    assert probes and all(b - a <= 4 for a, b in zip(probes, probes[1:])) and len(probes) >= 2

@@ -8,7 +8,7 @@ to final segments, features, encoder, VAD and word alignment included.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List
 
 import numpy as np
@@ -25,6 +25,9 @@ class Measurement:
         whole_seconds: waveform to segments.
         encode_seconds: time in the encoder.
         decode_seconds: time in ``generate()``.
+        temperatures: per segment, the temperature its text was decoded at (above 0: the
+            greedy text failed faster-whisper's thresholds and was sampled, so another system
+            need not say the same).
     """
 
     text: str
@@ -33,6 +36,7 @@ class Measurement:
     whole_seconds: float
     encode_seconds: float
     decode_seconds: float
+    temperatures: List[float] = field(default_factory=list)
 
 
 class _Timed:
@@ -84,4 +88,5 @@ def measure(model, audio: np.ndarray, **transcribe_options: Any) -> Measurement:
         whole_seconds=whole,
         encode_seconds=timed.encode_seconds,
         decode_seconds=timed.generate_seconds,
+        temperatures=[float(getattr(segment, "temperature", 0.0) or 0.0) for segment in segments],
     )

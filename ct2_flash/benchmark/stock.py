@@ -105,7 +105,8 @@ class StockWorker:
             np.save(self._files[key], audio)
         answer = self._ask({"audio": self._files[key], "options": options, "seed": seed})
         return Measurement(text=answer["text"], tokens=answer["tokens"], segments=[], whole_seconds=answer["whole"],
-                           encode_seconds=answer["encode"], decode_seconds=answer["decode"])
+                           encode_seconds=answer["encode"], decode_seconds=answer["decode"],
+                           temperatures=answer.get("temperatures", []))
 
     def close(self) -> None:
         if self._process.poll() is None:

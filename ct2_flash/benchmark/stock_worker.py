@@ -38,7 +38,7 @@ def main() -> None:
             ctranslate2.set_random_seed(request.get("seed", 0))
             result = measure_module.measure(model, np.load(request["audio"]), **request["options"])
             answer = {"whole": result.whole_seconds, "encode": result.encode_seconds, "decode": result.decode_seconds,
-                      "tokens": result.tokens, "text": result.text}
+                      "tokens": result.tokens, "text": result.text, "temperatures": result.temperatures}
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 

@@ -1,0 +1,190 @@
+"""A real streaming client on ct2-flash: whisperlivekit's LocalAgreement processor, replayed.
+
+whisperlivekit (pinned: 0.2.26) streams through ``whisperlivekit.local_agreement``: its
+``OnlineASRProcessor`` appends each chunk, transcribes the whole buffer with its
+``FasterWhisperASR`` backend and commits what two hypotheses agree on. That backend builds its
+own ``faster_whisper.WhisperModel`` in ``load_model`` and calls ``transcribe(...,
+beam_size=5, word_timestamps=True, condition_on_previous_text=True)`` with the beam size
+written into the call, so it cannot be redirected by options alone. It is driven here by a
+subclass that changes exactly two things: ``load_model`` returns the model given
+(``FlashWhisperModel`` or faster-whisper's own), and ``transcribe`` is the same call with
+``beam_size=1`` (greedy; ct2-flash decodes only greedy and sampled calls speculatively).
+Everything else (the hypothesis buffer, the prompt, segment trimming at 15 s) is the client's.
+
+The file is fed ``--chunk`` seconds per iteration as fast as the machine runs (the client's
+own pace is the same loop with waits), once per system, in turns over ``--repeats``:
+
+- ``flash``: ``FlashWhisperModel`` (defaults: stock worker, re-decodes drafted);
+- ``same``: faster-whisper on this environment's engine (the patched runtime);
+- ``stock``: faster-whisper on stock ctranslate2, the same script in a child process with the
+  stock engine first on its path (what users run today).
+
+Needs whisperlivekit's light path only (its full install pulls a web server and torchaudio):
+``pip install --no-deps whisperlivekit==0.2.26 && pip install soundfile tiktoken`` (torch is
+the ``[train]`` extra's). Writes JSON: per system the time of every iteration, and the
+committed text, compared across systems.
+
+    python bench/client_whisperlivekit.py tests/data/long_multi_voice.ogg --compute-type float32 \
+        --out bench/results/redecodes/whisperlivekit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+CLIENT = "whisperlivekit==0.2.26"
+RATE = 16000
+
+
+def driven_asr(model, language: str):
+    """whisperlivekit's faster-whisper backend on ``model``, greedy."""
+    from whisperlivekit.local_agreement.backends import FasterWhisperASR
+
+    class Driven(FasterWhisperASR):
+        def load_model(self, model_size=None, cache_dir=None, model_dir=None):
+            return model
+
+        def transcribe(self, audio, init_prompt=""):
+            segments, _ = self.model.transcribe(audio, language=self.original_language, initial_prompt=init_prompt,
+                                                beam_size=1, word_timestamps=True, condition_on_previous_text=True,
+                                                **self.transcribe_kargs)
+            return list(segments)
+
+    asr = Driven(language)
+    # What whisperlivekit's core sets on a backend for the LocalAgreement policy (its defaults).
+    asr.tokenizer, asr.confidence_validation = None, False
+    asr.buffer_trimming, asr.buffer_trimming_sec = "segment", 15
+    return asr
+
+
+def stream(model, audio: np.ndarray, chunk_seconds: float, language: str) -> dict:
+    """Replay ``audio`` through the client: seconds per iteration, and the committed words."""
+    from whisperlivekit.local_agreement.online_asr import OnlineASRProcessor
+
+    processor = OnlineASRProcessor(driven_asr(model, language))
+    chunk = int(chunk_seconds * RATE)
+    seconds, committed = [], []
+    for start in range(0, audio.size, chunk):
+        began = time.perf_counter()
+        processor.insert_audio_chunk(audio[start : start + chunk])
+        tokens, _ = processor.process_iter()
+        seconds.append(time.perf_counter() - began)
+        committed += [(round(t.start, 3), round(t.end, 3), t.text) for t in tokens]
+    rest, _ = processor.finish()
+    committed += [(round(t.start, 3), round(t.end, 3), t.text) for t in rest]
+    return {"seconds": seconds, "committed": committed}
+
+
+def child(args) -> None:
+    """Runs one system in this process; prints its JSON (the stock system runs here)."""
+    from faster_whisper import WhisperModel, decode_audio
+
+    audio = decode_audio(args.audio)
+    if args.system == "flash":
+        from ct2_flash import FlashWhisperModel
+
+        model = FlashWhisperModel(args.model_path, compute_type=args.compute_type, cpu_threads=args.threads)
+    else:
+        model = WhisperModel(args.model_path, compute_type=args.compute_type, cpu_threads=args.threads)
+    import ctranslate2
+
+    stream(model, audio[: 5 * RATE], args.chunk, args.language)  # warm-up
+    if args.system == "flash":
+        model.forget_windows()
+        model.reset_spec_stats()
+    runs = [stream(model, audio, args.chunk, args.language) for _ in range(args.repeats)]
+    result = {"system": args.system, "ctranslate2": ctranslate2.__version__, "runs": runs}
+    if args.system == "flash":
+        stats = model.spec_stats
+        result["loop"] = {"redecodes": stats.redecodes, "tokens_per_target_call": stats.tokens_per_call,
+                          "rows_in_loop": stats.generate_calls, "rows_in_generate": stats.generate_rows,
+                          "offered": stats.offered, "offered_accepted": stats.offered_accepted}
+        model.model.engines.close()
+    print(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("audio")
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--chunk", type=float, default=1.0)
+    parser.add_argument("--language", default="en")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="turns of the three systems (each runs --repeats)")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--system", default="", help=argparse.SUPPRESS)  # a child's system
+    parser.add_argument("--model-path", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.system:
+        child(args)
+        return
+    try:
+        import whisperlivekit  # noqa: F401
+    except ImportError:
+        sys.exit(f"needs {CLIENT}: pip install --no-deps {CLIENT} && pip install soundfile tiktoken")
+    from importlib.metadata import version
+
+    from ct2_flash import resolve_model
+    from ct2_flash.benchmark.runner import machine
+    from ct2_flash.stock.location import stock_dir
+
+    path = resolve_model(args.model)
+    results: dict = {}
+    for round_index in range(args.rounds):
+        for system in ("flash", "same", "stock")[round_index % 3:] + ("flash", "same", "stock")[: round_index % 3]:
+            environment = dict(os.environ)
+            if system == "stock":
+                environment["PYTHONPATH"] = os.pathsep.join(filter(None, [stock_dir(), environment.get("PYTHONPATH", "")]))
+            command = [sys.executable, os.path.abspath(__file__), args.audio, "--system", system, "--model-path", path,
+                       "--compute-type", args.compute_type, "--threads", str(args.threads), "--chunk", str(args.chunk),
+                       "--language", args.language, "--repeats", str(args.repeats)]
+            done = subprocess.run(command, capture_output=True, text=True, env=environment)
+            if done.returncode != 0:
+                sys.exit(f"{system} failed:\n{done.stderr[-3000:]}")
+            answer = json.loads(done.stdout.strip().splitlines()[-1])
+            entry = results.setdefault(system, {"ctranslate2": answer["ctranslate2"], "runs": [], "loop": []})
+            entry["runs"] += answer["runs"]
+            if "loop" in answer:
+                entry["loop"].append(answer["loop"])
+    summary = {}
+    for system, entry in results.items():
+        per_iteration = [s for run in entry["runs"] for s in run["seconds"]]
+        summary[system] = {"mean_iteration_seconds": statistics.mean(per_iteration),
+                           "p95_iteration_seconds": float(np.percentile(per_iteration, 95)),
+                           "total_seconds_per_run": statistics.median(sum(run["seconds"]) for run in entry["runs"])}
+    committed = {system: [run["committed"] for run in entry["runs"]] for system, entry in results.items()}
+    document = {
+        "what": f"{CLIENT} LocalAgreement processor (beam_size=1) replaying a file, per system",
+        "client": CLIENT, "client_version": version("whisperlivekit"), "audio": args.audio,
+        "audio_seconds": None, "model": args.model, "compute_type": args.compute_type, "chunk_seconds": args.chunk,
+        "machine": machine(), "summary": summary,
+        "speedup_vs_same": summary["same"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
+        "speedup_vs_stock": summary["stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
+        "committed_identical": {f"flash_vs_{other}": all(run == committed["flash"][0] for run in committed[other] + committed["flash"])
+                                for other in ("same", "stock")},
+        "committed_text": "".join(word for _, _, word in committed["flash"][0]).strip(),
+        "systems": results,
+    }
+    from faster_whisper import decode_audio
+
+    document["audio_seconds"] = decode_audio(args.audio).size / RATE
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2)
+    print(json.dumps({key: document[key] for key in ("summary", "speedup_vs_same", "speedup_vs_stock",
+                                                     "committed_identical")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
