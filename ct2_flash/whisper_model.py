@@ -360,7 +360,7 @@ class FlashWhisperModel(WhisperModel):
             target's either way.
         policy: decides per call whether the loop or ``generate()`` decodes it (default a new
             ``SpeculationPolicy``); used only with ``adaptive``. Re-decodes have a policy of
-            their own (``model.redecode_policy``), which measures the loop first.
+            their own (``self.model.redecode_policy``), which measures the loop first.
         redecodes: remember, per thread, the last windows decoded greedily (their first second
             of audio and their tokens, ``redecodes.REMEMBERED`` of them), and offer a window's previous
             hypothesis to the loop when the same audio is decoded again, as streaming clients
