@@ -150,6 +150,7 @@ def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_w
     engines = flash.model.engines
     for policy in (engines.policy, OnePatched()):
         engines.policy = policy
+        flash.forget_windows()  # the second pass is not a re-decode (their policy tries the loop first)
         for name in SHORT[1:]:
             expected = stock.measure(name, clips[name], seed=0, beam_size=1).tokens
             assert [list(s.tokens) for s in flash.transcribe(clips[name], beam_size=1)[0]] == expected, name
