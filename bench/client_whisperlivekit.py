@@ -138,7 +138,10 @@ def main() -> None:
     from ct2_flash.benchmark.runner import machine
     from ct2_flash.stock.location import stock_dir
 
+    from faster_whisper import decode_audio
+
     path = resolve_model(args.model)
+    audio_seconds = decode_audio(args.audio).size / RATE
     results: dict = {}
     for round_index in range(args.rounds):
         for system in ("flash", "same", "stock")[round_index % 3:] + ("flash", "same", "stock")[: round_index % 3]:
@@ -166,7 +169,7 @@ def main() -> None:
     document = {
         "what": f"{CLIENT} LocalAgreement processor (beam_size=1) replaying a file, per system",
         "client": CLIENT, "client_version": version("whisperlivekit"), "audio": args.audio,
-        "audio_seconds": None, "model": args.model, "compute_type": args.compute_type, "chunk_seconds": args.chunk,
+        "audio_seconds": audio_seconds, "model": args.model, "compute_type": args.compute_type, "chunk_seconds": args.chunk,
         "machine": machine(), "summary": summary,
         "speedup_vs_same": summary["same"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
         "speedup_vs_stock": summary["stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
@@ -175,9 +178,6 @@ def main() -> None:
         "committed_text": "".join(word for _, _, word in committed["flash"][0]).strip(),
         "systems": results,
     }
-    from faster_whisper import decode_audio
-
-    document["audio_seconds"] = decode_audio(args.audio).size / RATE
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as out:

@@ -16,21 +16,32 @@ from ct2_flash.audio import SAMPLE_AUDIO
 
 
 
+def _read_audio(path: str):
+    """The waveform of ``path`` ([samples] float32, 16 kHz), or None after saying on stderr
+    why it cannot be read or holds no audio."""
+    from faster_whisper import decode_audio
+
+    try:
+        audio = decode_audio(path)
+    except Exception as error:  # PyAV raises many types for unreadable input
+        print(f"ct2-flash: cannot read audio {path!r}: {error}", file=sys.stderr)
+        return None
+    if audio.size == 0:
+        print(f"ct2-flash: {path!r} contains no audio", file=sys.stderr)
+        return None
+    return audio
+
+
 def _demo(args: argparse.Namespace) -> int:
-    from faster_whisper import WhisperModel, decode_audio
+    from faster_whisper import WhisperModel
 
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.benchmark.stock import StockWorker, local_baseline
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.whisper_model import FlashWhisperModel
 
-    try:
-        audio = decode_audio(args.audio)
-    except Exception as error:  # PyAV raises many types for unreadable input
-        print(f"ct2-flash: cannot read audio {args.audio!r}: {error}", file=sys.stderr)
-        return 2
-    if audio.size == 0:
-        print(f"ct2-flash: {args.audio!r} contains no audio", file=sys.stderr)
+    audio = _read_audio(args.audio)
+    if audio is None:
         return 2
     path = resolve_model(args.model)
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
@@ -272,20 +283,15 @@ def _fetch_speech(args: argparse.Namespace) -> int:
 def _stream(args: argparse.Namespace) -> int:
     import json
 
-    from faster_whisper import WhisperModel, decode_audio
+    from faster_whisper import WhisperModel
 
     from ct2_flash.benchmark.replay import as_records, replay, summary
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.streaming import OnlineProcessor, StreamOptions, text_of
     from ct2_flash.whisper_model import FlashWhisperModel
 
-    try:
-        audio = decode_audio(args.audio)
-    except Exception as error:  # PyAV raises many types for unreadable input
-        print(f"ct2-flash: cannot read audio {args.audio!r}: {error}", file=sys.stderr)
-        return 2
-    if audio.size == 0:
-        print(f"ct2-flash: {args.audio!r} contains no audio", file=sys.stderr)
+    audio = _read_audio(args.audio)
+    if audio is None:
         return 2
     if not args.chunk > 0:
         print(f"ct2-flash stream: --chunk must be > 0 seconds, got {args.chunk}", file=sys.stderr)

@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ct2_flash.audio import checked_audio
+
 SAMPLE_RATE = 16000
 
 
@@ -162,22 +164,17 @@ class OnlineProcessor:
         changes nothing.
 
         Raises:
-            ValueError: another sample rate, more than one channel, integer samples, NaN or
-                infinite values, or a stream already finished; nothing is appended.
+            ValueError: another sample rate, or a stream already finished; ``AudioError`` (a
+                ValueError, ``audio.checked_audio``): more than one channel, integer samples,
+                NaN or infinite values. Nothing is appended.
         """
         if self._finished:
             raise ValueError("the stream is finished: start a new OnlineProcessor for new audio")
         if sampling_rate != SAMPLE_RATE:
             raise ValueError(f"chunks must be sampled at {SAMPLE_RATE} Hz, got {sampling_rate} (resample them first)")
-        samples = np.asarray(chunk)
-        if samples.ndim != 1:
-            raise ValueError(f"a chunk must be one channel of samples, shape [samples]; got shape {samples.shape}")
-        if samples.dtype.kind != "f":
-            raise ValueError(f"chunks must be float samples in [-1, 1], got {samples.dtype} "
-                             "(divide 16-bit integers by 32768)")
-        if samples.size and not np.isfinite(samples).all():
-            raise ValueError("the chunk has NaN or infinite samples")
-        self._buffer = np.concatenate([self._buffer, samples.astype(np.float32)])
+        # The checks transcribe() makes on a waveform (an array, never a path to decode here).
+        samples = checked_audio(np.asarray(chunk), SAMPLE_RATE)
+        self._buffer = np.concatenate([self._buffer, samples])
         self._received += samples.size
 
     def process_iter(self) -> List[Word]:

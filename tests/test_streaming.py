@@ -98,8 +98,8 @@ class Unused:
 
 
 @pytest.mark.parametrize("chunk, sampling_rate, message", [
-    (np.zeros(160, np.int16), RATE, "float samples"),
-    (np.zeros((160, 2), np.float32), RATE, "one channel"),
+    (np.zeros(160, np.int16), RATE, "floating-point samples"),
+    (np.zeros((160, 2), np.float32), RATE, "1-D mono waveform"),
     (np.array([0.0, np.nan], np.float32), RATE, "NaN"),
     (np.array([0.0, np.inf], np.float32), RATE, "NaN or infinite"),
     (np.zeros(160, np.float32), 8000, "16000 Hz"),
