@@ -1,11 +1,12 @@
 """``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems,
 ``transcribe`` writes transcripts of files, ``bench`` measures both on many files, ``stream`` replays a file as a
-live stream, ``convert-drafter`` exports a trained drafter for the runtime, ``fetch-speech`` downloads the
-real-speech sets."""
+live stream, ``convert-drafter`` exports a trained drafter for the runtime, ``adapt`` fine-tunes the drafter on a
+user's own recordings, ``fetch-speech`` downloads the real-speech sets."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import statistics
@@ -235,8 +236,14 @@ def _transcribe(args: argparse.Namespace) -> int:
     if missing:
         print(f"ct2-flash transcribe: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads,
-                              near_exact=args.near_exact, stock_engine=args.stock_engine)
+    from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
+
+    try:
+        model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads,
+                                  near_exact=args.near_exact, stock_engine=args.stock_engine, drafter=args.drafter)
+    except (CheckpointError, DrafterMismatchError) as error:
+        print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+        return 2
     options = dict(beam_size=args.beam_size, language=args.language, word_timestamps=args.word_timestamps,
                    vad_filter=args.vad_filter)
     failed = 0
@@ -330,6 +337,31 @@ def _stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _adapt(args: argparse.Namespace) -> int:
+    from ct2_flash.train.adapt import AdaptError, AdaptOptions, adapt, summary_lines
+
+    try:
+        options = AdaptOptions(model=args.model, compute_type=args.compute_type, start=args.start,
+                               minutes=args.minutes, holdout=args.holdout, steps=args.steps, learning_rate=args.lr,
+                               trained=args.train, audio_window=not args.all_audio, threads=args.threads,
+                               bf16=args.bf16)
+        report = adapt(args.audio, args.out, options, resume=args.resume, force=args.force)
+    except (ValueError, FileExistsError, FileNotFoundError, AdaptError) as error:
+        print(f"ct2-flash adapt: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        print(f"ct2-flash adapt: the disk is full ({error}); what was done is kept: free some space and run the "
+              f"same command with --resume", file=sys.stderr)
+        return 2
+    for line in summary_lines(report):
+        print(line)
+    print(f"wrote {args.out} (use it: FlashWhisperModel(..., drafter={args.out!r}) or "
+          f"ct2-flash transcribe --drafter {args.out})")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__)
     commands = parser.add_subparsers(dest="command")
@@ -363,6 +395,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()")
     transcribe.add_argument("--stock-engine", action=argparse.BooleanOptionalAction, default=True,
                             help="FlashWhisperModel(stock_engine=...) (default: on)")
+    transcribe.add_argument("--drafter", default=None,
+                            help="drafter directory, e.g. one ct2-flash adapt wrote (default: the shipped one)")
     bench = commands.add_parser("bench", help="faster-whisper vs ct2-flash on many files: JSON and plots")
     bench.add_argument("--manifest", action="append", default=[], help="TSV of audio path and reference text")
     bench.add_argument("--audio-dir", action="append", default=[], help="directory of audio files")
@@ -425,6 +459,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     convert.add_argument("--model", default=None, help="target model directory (default: the embedded model it names)")
     convert.add_argument("--audio", nargs="*", default=[], help="audio files for verification (default: bundled sample)")
     convert.add_argument("--force", action="store_true", help="overwrite the drafter files in OUT")
+    adapt = commands.add_parser("adapt", help="fine-tune the drafter on your own recordings (no transcripts; needs [train])")
+    adapt.add_argument("audio", nargs="+", help="audio files or folders (searched recursively)")
+    adapt.add_argument("--out", required=True, help="drafter directory to write (its work goes to OUT.adapt/)")
+    adapt.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
+    adapt.add_argument("--compute-type", default="float32", choices=["float32", "int8", "int8_float32", "int16"],
+                       help="the compute type the drafter will serve (default: float32, where the loop is exact)")
+    adapt.add_argument("--from", dest="start", default=None, help="drafter to start from (default: the shipped one)")
+    adapt.add_argument("--minutes", type=float, default=60.0,
+                       help="wall time this run may take; training stops early to fit (default: 60)")
+    adapt.add_argument("--holdout", type=float, default=0.2, help="fraction of the files held out to measure on")
+    adapt.add_argument("--steps", type=int, default=None,
+                       help="fine-tuning updates (default: 40 per minute of training audio, 100-1500)")
+    adapt.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: %(default)s)")
+    adapt.add_argument("--train", default="all", choices=["all", "last-layer"], help="which weights learn")
+    adapt.add_argument("--all-audio", action="store_true", help="blocks read all of the audio, not the runtime's window")
+    adapt.add_argument("--bf16", action="store_true", help="bfloat16 autocast in training (CPUs with bf16)")
+    adapt.add_argument("--threads", type=int, default=2)
+    adapt.add_argument("--resume", action="store_true", help="go on with the work a killed run left in OUT.adapt/")
+    adapt.add_argument("--force", action="store_true", help="replace OUT and start the work over")
     fetch = commands.add_parser("fetch-speech", help="download the real-speech sets and write their manifests")
     fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx (default: all)")
     fetch.add_argument("--cache", default="")
@@ -444,6 +497,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _convert_drafter(args)
     if args.command == "fetch-speech":
         return _fetch_speech(args)
+    if args.command == "adapt":
+        logging.getLogger("ct2_flash").setLevel(logging.INFO)
+        return _adapt(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

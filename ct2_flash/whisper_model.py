@@ -26,7 +26,7 @@ from faster_whisper import WhisperModel
 
 from ct2_flash.audio import check_features, checked_audio
 from ct2_flash.runtime.decoding import SpeculativeDecoder
-from ct2_flash.drafting.files import CheckpointError
+from ct2_flash.drafting.files import CheckpointError, check_adapted
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
 from ct2_flash.engine.models import embedded_name, resolve_model
 from ct2_flash.policy import SpeculationPolicy, produced_tokens
@@ -414,7 +414,7 @@ class FlashWhisperModel(WhisperModel):
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
-        drafter = _resolve_drafter(drafter, model_size_or_path, model_path)
+        drafter = _resolve_drafter(drafter, model_size_or_path, model_path, self.model.compute_type)
         if drafter.vocab_size is not None and drafter.vocab_size != special.vocab_size:
             raise ValueError(
                 f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens but the "
@@ -495,10 +495,12 @@ class FlashWhisperModel(WhisperModel):
         return super().transcribe(checked_audio(audio, self.feature_extractor.sampling_rate), *args, **kwargs)
 
     def window_features(self, audio: np.ndarray) -> np.ndarray:
-        """[n_mels, 3000] log-mel features of the first 30 s of ``audio``, padded the way
-        faster-whisper pads its last window."""
+        """[n_mels, 3000] log-mel features of the first 30 s of ``audio``, as faster-whisper's
+        ``transcribe`` decodes its first window: without the last frame (computed from the
+        padding; keeping it flipped a near-tie in a test clip) and zero-padded to 30 s."""
         frames = self.feature_extractor.nb_max_frames
-        features = self.feature_extractor(audio)[..., :frames]
+        features = self.feature_extractor(audio)
+        features = features[..., : max(1, features.shape[-1] - 1)][..., :frames]
         return np.pad(features, ((0, 0), (0, frames - features.shape[-1])))
 
     def encode_window(self, audio: np.ndarray):
@@ -560,7 +562,8 @@ class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
 SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")
 
 
-def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.en") -> Drafter:
+def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.en",
+                 compute_type: Optional[str] = None) -> Drafter:
     """The drafter ``FlashWhisperModel(model, drafter=drafter)`` would decode with.
 
     Args:
@@ -568,15 +571,19 @@ def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.e
             converted drafter directory, an unconverted training checkpoint (PyTorch, slower),
             or a ``Drafter``, returned as it is.
         model: a model name (``available_models()``) or a CTranslate2 model directory.
+        compute_type: the engine's compute type (``model.compute_type``) the drafter will serve;
+            None does not check it.
 
     Raises:
         CheckpointError: the directory is missing or damaged.
-        DrafterMismatchError: the drafter was made for another target.
+        DrafterMismatchError: the drafter was made for another target, or adapted
+            (``ct2-flash adapt``) for another model or compute type.
     """
-    return _resolve_drafter(drafter, model, resolve_model(model))
+    return _resolve_drafter(drafter, model, resolve_model(model), compute_type)
 
 
-def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str) -> Drafter:
+def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str,
+                     compute_type: Optional[str] = None) -> Drafter:
     """A Drafter from what the user passed (see ``FlashWhisperModel``)."""
     if isinstance(drafter, Drafter):
         return drafter
@@ -592,6 +599,7 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
 
     if not os.path.isdir(drafter):
         raise CheckpointError(f"drafter directory {drafter!r} does not exist")
+    check_adapted(drafter, model_path, compute_type)
     if has_graphs(drafter):
         return OnnxDrafter(drafter, model_path)
     # A training checkpoint not yet converted runs in PyTorch (the [train] extra), the slower

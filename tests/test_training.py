@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from ct2_flash.drafting.flash_drafter import load_checkpoint  # noqa: E402
 from ct2_flash.train.extract import extract  # noqa: E402
-from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights  # noqa: E402
+from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights, snapshot  # noqa: E402
 
 
 
@@ -32,7 +32,12 @@ def teacher_dir(tmp_path_factory, clips):
 
 def test_teacher_data_layout(teacher_dir):
     (example,) = load_examples(teacher_dir, "train")
-    assert example.encoder_output.shape == (1500, 384)
+    # A training utterance keeps the frames the drafter reads; a validation one all of them,
+    # which the target verifies against.
+    assert example.audio_frames + 50 < 1500
+    assert example.encoder_output.shape == (example.audio_frames + 50, 384)
+    (held_out,) = load_examples(teacher_dir, "validation")
+    assert held_out.encoder_output.shape == (1500, 384)
     assert example.states.shape == (len(example.tokens), 384)
     assert example.tokens[-1] == 50256  # the target's own end-of-text closes the labels
 
@@ -76,8 +81,6 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from ct2_flash.train.fit import snapshot
-
     saved = load_file(os.path.join(out, "train_state.safetensors"))
     copy = load_checkpoint(snapshot(out, str(tmp_path / "snapshot")), model_path)
     assert copy.config.causal_blocks and copy.config.shortlist_size == 4096
@@ -99,9 +102,12 @@ def test_fit_from_a_checkpoint_keeps_its_shortlist(teacher_dir, model_path, tmp_
     # A different shortlist size is ignored: the head must stay the one the weights were trained for.
     meta = fit(teacher_dir, second, config, shortlist_size=2048, progress=False, init_from=os.path.join(first, "best"))
     assert meta["init_from"] == os.path.join(first, "best") and meta["step"] == 2
-    tuned = load_checkpoint(os.path.join(second, "best"), model_path)
+    tuned = load_checkpoint(snapshot(second, str(tmp_path / "latest")), model_path)
     assert tuned.shortlist.tolist() == start.shortlist.tolist()
     assert not all(np.array_equal(a, b) for a, b in zip(tuned.state_dict().values(), start.state_dict().values()))
+    # The starting checkpoint is scored before the first step: the best is never worse than it.
+    assert [v["step"] for v in meta["validations"]] == [0, 2]
+    assert meta["best"] == max(v["mean_accepted_length"] for v in meta["validations"])
     with pytest.raises(ValueError, match="use_audio=False"):
         fit(teacher_dir, str(tmp_path / "third"), config, progress=False, init_from=os.path.join(first, "best"), use_audio=False)
 
@@ -179,7 +185,7 @@ def test_attended_frames_point_inside_the_speech_and_advance(teacher_dir):
     frames = example.attended_frames.astype(int)
     text = np.asarray(example.tokens) < 50256  # not end-of-text or timestamps
     assert frames.shape == example.tokens.shape
-    assert np.all(frames[text] < example.audio_frames)
+    assert np.all(frames[text] <= example.audio_frames)  # the last word may read the frame at the audio's end
     steps = np.diff(frames[text])
     assert np.mean(steps >= -5) > 0.9 and frames[text][-1] > frames[text][0]
 

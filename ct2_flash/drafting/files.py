@@ -13,10 +13,15 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 WEIGHTS_FILE = "drafter.safetensors"
 CONFIG_FILE = "drafter.json"
+# Written by ``ct2-flash adapt``: the one model and compute type the drafter was adapted for.
+ADAPTED_FILE = "adapted.json"
+# Bytes of model.bin read from each end for its fingerprint (all of a large model would take
+# seconds at every load; two fine-tunes of one model differ throughout).
+_FINGERPRINT_BYTES = 1 << 20
 
 
 class DrafterMismatchError(ValueError):
@@ -159,3 +164,57 @@ def read_config(directory: str) -> DrafterConfig:
             return DrafterConfig.from_json_dict(json.load(stream))
     except (ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"{path} is not a valid drafter config: {error}") from error
+
+
+def model_fingerprint(model_path: str) -> str:
+    """A SHA-256 over a CTranslate2 model's config, its weights' size and their first and last
+    MiB: another model, or the same one converted at another quantization, differs."""
+    digest = hashlib.sha256()
+    config = os.path.join(model_path, "config.json")
+    if os.path.isfile(config):
+        with open(config, "rb") as stream:
+            digest.update(stream.read())
+    weights = os.path.join(model_path, "model.bin")
+    size = os.path.getsize(weights)
+    digest.update(str(size).encode())
+    with open(weights, "rb") as stream:
+        digest.update(stream.read(_FINGERPRINT_BYTES))
+        stream.seek(max(0, size - _FINGERPRINT_BYTES))
+        digest.update(stream.read(_FINGERPRINT_BYTES))
+    return digest.hexdigest()
+
+
+def write_adapted(directory: str, model_path: str, compute_type: str, details: dict) -> None:
+    """Record in ``directory`` the model and compute type a drafter was adapted for."""
+    record = {"model_path": os.path.abspath(model_path), "model_sha256": model_fingerprint(model_path),
+              "compute_type": compute_type, **details}
+    with open(os.path.join(directory, ADAPTED_FILE), "w", encoding="utf-8") as stream:
+        json.dump(record, stream, indent=1)
+
+
+def check_adapted(directory: str, model_path: str, compute_type: Optional[str]) -> None:
+    """Refuse an adapted drafter next to a model or compute type it was not adapted for (a
+    drafter without ``adapted.json`` serves any model its config's target matches; a
+    ``compute_type`` of None is not checked).
+
+    Raises:
+        DrafterMismatchError: another model or compute type; CheckpointError: an unreadable record.
+    """
+    path = os.path.join(directory, ADAPTED_FILE)
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as stream:
+            record = json.load(stream)
+        wanted_model, wanted_type = record["model_sha256"], record["compute_type"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path} is not a valid adaptation record: {error}") from error
+    if model_fingerprint(model_path) != wanted_model:
+        raise DrafterMismatchError(
+            f"the drafter in {directory} was adapted for the model in {record.get('model_path')!r}, not for the "
+            f"loaded one in {model_path!r}: adapt one for this model (ct2-flash adapt --model {model_path})")
+    if compute_type is not None and compute_type != wanted_type:
+        raise DrafterMismatchError(
+            f"the drafter in {directory} was adapted at compute type {wanted_type!r} and the model runs at "
+            f"{compute_type!r}: load the model with compute_type={wanted_type!r}, or adapt a drafter at this "
+            f"compute type (ct2-flash adapt --compute-type ...)")

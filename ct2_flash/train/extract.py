@@ -8,7 +8,8 @@ recovers them at run time; the target's top-16 next-token distribution at each o
 positions (for distillation); the audio frame the target reads for each token (the peak of
 its alignment heads' cross-attention, the position an AnchorDraft loss supervises); and how
 many encoder frames hold audio (the drafter reads those
-and one second of the padding, at run time as in training). Stored per utterance as
+and one second of the padding, at run time as in training; a training utterance stores only
+those frames). Stored per utterance as
 ``teacher/<id>.npz`` (float16 arrays); ``teacher.jsonl`` lists the finished ones, so the step
 resumes.
 
@@ -24,6 +25,8 @@ import os
 from typing import Dict, List
 
 import numpy as np
+
+from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
 def prompt_for(utterance_id: str, special) -> List[int]:
     """Timestamps on or off, chosen by a stable hash of the id."""
     with_timestamps = hashlib.sha1(utterance_id.encode()).digest()[0] % 2 == 0
@@ -121,15 +124,21 @@ def _extract_one(runtime, special, out_dir: str, entry: Dict, features: np.ndarr
     log_probs = logits - logits.max(axis=1, keepdims=True)
     log_probs -= np.log(np.exp(log_probs).sum(axis=1, keepdims=True))
     top = np.argpartition(-log_probs, TOP_K, axis=1)[:, :TOP_K]  # [len(full), TOP_K]
+    frames = audio_frames(features[None])[0]
+    encoded = np.asarray(encoder_output)[0]
+    if entry["split"] == "train":
+        # Training reads only the frames the runtime drafter reads (fit.drafter_frames); the
+        # validation windows keep all of them, as the target verifies against all of them.
+        encoded = encoded[: min(len(encoded), frames + PADDING_FRAMES_SEEN)]
     np.savez(
         os.path.join(out_dir, f"{entry['id']}.npz"),
-        encoder_output=np.asarray(encoder_output)[0].astype(np.float16),
+        encoder_output=encoded.astype(np.float16),
         states=states.astype(np.float16),
         tokens=np.asarray(full, dtype=np.int32),
         prompt=np.asarray(prompt, dtype=np.int32),
         top_ids=top.astype(np.int32),
         top_log_probs=np.take_along_axis(log_probs, top, axis=1).astype(np.float16),
-        audio_frames=np.asarray(audio_frames(features[None])[0], dtype=np.int32),
+        audio_frames=np.asarray(frames, dtype=np.int32),
         attended_frames=attended_frames(runtime, encoder_output, prompt, full),
     )
     text = model.hf_tokenizer.decode([t for t in tokens if t < special.eot])

@@ -51,6 +51,11 @@ IGNORE = -100
 DAMAGED = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
+# What a run updates: every weight, or (for fine-tuning on little data) only the last block
+# and the final norm, which feed the draft head.
+TRAINED = ("all", "last-layer")
+
+
 @dataclass(frozen=True)
 class FitConfig:
     """Training hyper-parameters (checked once)."""
@@ -70,6 +75,8 @@ class FitConfig:
     save_every: int = 50
     validation_windows: int = 48
     seed: int = 0
+    trained: str = "all"
+    bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or not 1 <= self.blocks_per_utterance <= 64:
@@ -78,6 +85,8 @@ class FitConfig:
             raise ValueError("warmup_steps must be below steps")
         if self.kl_weight < 0 or self.anchor_weight < 0:
             raise ValueError("kl_weight and anchor_weight must be >= 0")
+        if self.trained not in TRAINED:
+            raise ValueError(f"trained must be one of {', '.join(TRAINED)}, not {self.trained!r}")
         object.__setattr__(self, "audio_window", check_audio_window(self.audio_window))
 
 
@@ -108,7 +117,8 @@ class Example:
 
     @property
     def encoder_output(self) -> np.ndarray:
-        """[frames, d] float16."""
+        """[frames, d] float16: all 1500 frames, or for training utterances extracted since
+        they were cropped, only the ``drafter_frames`` the drafter reads."""
         with np.load(self.path) as data:
             return data["encoder_output"]
 
@@ -277,7 +287,10 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
         for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
             anchor_positions[b, slot] = offset + 1
             cross_mask[b, slot] = True
-    encoder = np.stack([e.encoder_output[:frames] for e in examples]).astype(np.float32)
+    encoder = np.zeros((batch, frames, examples[0].states.shape[1]), np.float32)
+    for b, example in enumerate(examples):  # training utterances store only their own frames
+        own = example.encoder_output[:frames]
+        encoder[b, : len(own)] = own
     as_tensor = torch.from_numpy
     tensors = {
         "encoder": as_tensor(encoder), "history": as_tensor(history), "history_positions": as_tensor(history_positions),
@@ -438,10 +451,12 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
 
 def train_step(model: FlashDrafterModel, optimizer, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor,
                config: FitConfig, step: int) -> float:
-    """One update at ``step`` of the schedule; returns the loss."""
+    """One update at ``step`` of the schedule; returns the loss. With ``config.bf16`` the
+    forward pass runs under bfloat16 autocast (the weights and the optimizer stay float32)."""
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(config, step)
-    loss = loss_of(model, batch, full_to_short, config.kl_weight, config.anchor_weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        loss = loss_of(model, batch, full_to_short, config.kl_weight, config.anchor_weight)
     optimizer.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(_trainable(model).values(), config.clip_norm)
@@ -451,6 +466,15 @@ def train_step(model: FlashDrafterModel, optimizer, batch: Dict[str, torch.Tenso
 
 def _trainable(model: FlashDrafterModel) -> Dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def freeze_for(model: FlashDrafterModel, trained: str) -> None:
+    """Leave only what ``trained`` (``TRAINED``) names trainable."""
+    if trained == "all":
+        return
+    last = f"layers.{model.config.num_layers - 1}."
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith(last) or name.startswith("final_norm."))
 
 
 def _save_state(path: str, model, optimizer, meta: dict) -> None:
@@ -487,6 +511,20 @@ def _load_state(path: str, model, optimizer) -> dict:
     return meta
 
 
+def _validate(model: FlashDrafterModel, target, valid, real, config: FitConfig, meta: dict, out_dir: str) -> None:
+    """Score the model on the validation windows (and real speech), record it in ``meta``,
+    and save it as ``out_dir/best`` when it is the best so far."""
+    scores = validate(model, target.decoder, valid, config.audio_window)
+    scores["step"] = meta["step"]
+    if real:
+        scores["real"] = {**validate(model, target.decoder, real, config.audio_window), "windows": len(real)}
+    meta["validations"].append(scores)
+    score = (scores["real"] if real else scores)["mean_accepted_length"]
+    if score > meta["best"]:
+        meta["best"] = score
+        save_checkpoint(model, os.path.join(out_dir, "best"))
+
+
 def snapshot(run_dir: str, out_dir: str, model_name: str = "tiny.en") -> str:
     """The run's latest saved weights (``train_state``, every ``save_every`` steps) as a drafter
     checkpoint in ``out_dir``, for measurements between validations. The architecture is the
@@ -511,7 +549,8 @@ def snapshot(run_dir: str, out_dir: str, model_name: str = "tiny.en") -> str:
 
 def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
         threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True,
-        init_from: Optional[str] = None, grow: bool = False, real_speech: Sequence[str] = ()) -> dict:
+        init_from: Optional[str] = None, grow: bool = False, real_speech: Sequence[str] = (),
+        compute_type: str = "float32", deadline: Optional[float] = None) -> dict:
     """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
     ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations.
 
@@ -528,6 +567,13 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     runs on their first windows (``real`` in the record), and the best checkpoint is then
     chosen by real speech, which the drafter must serve, rather than by held-out synthetic
     voices. A resumed run that starts validating on real speech starts its choice afresh.
+
+    A run from ``init_from`` validates that checkpoint before its first step, so the best
+    checkpoint is never worse on the validation windows than where it started.
+
+    ``compute_type``: the target the validations decode with (the teacher data's own).
+    ``deadline``: a ``time.time()`` after which the run saves and stops before its last step
+    (``stopped_at`` in the record); the schedule stays the one ``config`` sets.
     """
     from tqdm import tqdm
 
@@ -554,7 +600,8 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
                   if f"{i}.npz" not in loaded]
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
-    target = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=threads)
+    target = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=threads,
+                               redecodes=False, near_exact=True)
     special = target.decoder.runtime.special
     real = speech_windows(target, real_speech, config.validation_windows)
     chosen_by = "real" if real else "validation"
@@ -574,6 +621,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         model = FlashDrafterModel(drafter_config)
         model.init_from_target(CT2ModelFile(model_path))
         model.shortlist.copy_(torch.from_numpy(shortlist))
+    freeze_for(model, config.trained)
     model.train()
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
     by_length = order_by_length(train)
@@ -591,6 +639,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         if meta.get("best_by", "validation") != chosen_by:  # scores of another set do not compare
             meta.update(best=-1.0, best_by=chosen_by)
     meta["real_speech"] = [window.name for window in real]
+    meta["compute_type"] = target.decoder.runtime.model.compute_type
     # Runs started before causal blocks existed switch to them when they resume (a fine-tune
     # from that step on); the step is recorded.
     if drafter_config.causal_blocks:
@@ -602,9 +651,18 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
     full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
     started = time.time() - meta["seconds"]
+    if init_from is not None and meta["step"] == 0 and not meta["validations"]:
+        _validate(model, target, valid, real, config, meta, out_dir)
     bar = tqdm(total=config.steps, initial=meta["step"], desc="fit", disable=not progress)
     while meta["step"] < config.steps:
         step = meta["step"]
+        if deadline is not None and time.time() > deadline:
+            logging.getLogger(__name__).warning("fit: out of time at step %d of %d; the best checkpoint so far stays",
+                                                step, config.steps)
+            meta["stopped_at"] = step
+            meta["seconds"] = time.time() - started
+            _save_state(state_path, model, optimizer, meta)
+            break
         model.train()
         rng = np.random.default_rng([config.seed, step])
         chosen = [train[i] for i in sample_batch(by_length, config.batch_size, rng)]
@@ -626,16 +684,7 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}")
         if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
-            scores = validate(model, target.decoder, valid, config.audio_window)
-            scores["step"] = meta["step"]
-            if real:
-                scores["real"] = {**validate(model, target.decoder, real, config.audio_window),
-                                  "windows": len(real)}
-            meta["validations"].append(scores)
-            score = (scores["real"] if real else scores)["mean_accepted_length"]
-            if score > meta["best"]:
-                meta["best"] = score
-                save_checkpoint(model, os.path.join(out_dir, "best"))
+            _validate(model, target, valid, real, config, meta, out_dir)
         if meta["step"] % config.save_every == 0 or meta["step"] == config.steps:
             meta["seconds"] = time.time() - started
             _save_state(state_path, model, optimizer, meta)
