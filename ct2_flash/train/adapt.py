@@ -70,6 +70,8 @@ class AdaptOptions:
         audio_window: blocks read the runtime's window of the audio (False: all of it).
         threads: CPU threads for everything.
         bf16: training's forward pass under bfloat16 autocast (where the CPU has bf16).
+        speed_copies: each training window is also labelled at this many other speeds
+            (``user_audio.speed_copies``; the teacher pass grows with them).
     """
 
     model: str = "tiny.en"
@@ -83,6 +85,7 @@ class AdaptOptions:
     audio_window: bool = True
     threads: int = 2
     bf16: bool = False
+    speed_copies: int = 0
 
     def __post_init__(self) -> None:
         from ct2_flash.train.fit import TRAINED
@@ -95,6 +98,8 @@ class AdaptOptions:
             raise ValueError(f"--steps must be at least 10, not {self.steps}")
         if not self.learning_rate > 0 or self.threads < 1:
             raise ValueError("the learning rate must be positive and threads >= 1")
+        if not 0 <= self.speed_copies <= 4:
+            raise ValueError(f"--speed-copies must be between 0 and 4, not {self.speed_copies}")
         if self.trained not in TRAINED:
             raise ValueError(f"--train must be one of {', '.join(TRAINED)}, not {self.trained!r}")
 
@@ -128,7 +133,8 @@ def adapt(paths: Sequence[str], out: str, options: AdaptOptions = AdaptOptions()
     options = AdaptOptions(**plan["options"])  # a resumed run goes on with the options it started with
 
     # 1. audio
-    sources = _timed(plan, work, "audio", lambda: user_audio.prepare(work, plan["files"], progress))
+    sources = _timed(plan, work, "audio", lambda: user_audio.prepare(work, plan["files"], progress,
+                                                                                 options.speed_copies))
     data = user_audio.summarize(sources + [user_audio.Source(**s) for s in plan["empty_folders"]])
     for split, side in (("train", "training"), ("validation", "held-out")):
         if not user_audio.usable(sources, split):
@@ -175,7 +181,7 @@ def adapt(paths: Sequence[str], out: str, options: AdaptOptions = AdaptOptions()
     held_files = [s.path for s in sources if s.split == "validation" and not s.skipped]
     decodes = _timed(plan, work, "held_out", lambda: held_out_decodes(
         held_files, {"start": start, "adapted": export}, model_path, options))
-    report = _report(plan, options, data, meta, decodes, start, time.time() - started)
+    report = _report(plan, options, data, meta, decodes, start)
     _write_report(export, report, meta)
     if force:
         shutil.rmtree(out, ignore_errors=True)
@@ -262,7 +268,9 @@ def held_out_decodes(files: Sequence[str], drafters: Dict[str, str], model_path:
                      options: AdaptOptions) -> Dict[str, dict]:
     """Each drafter decodes the held-out recordings as the defaults run them (VAD on for
     recordings over 30 s): calls each way and tokens per target call from ``spec_stats``, and
-    whether the text is the same for every drafter (the loop makes it so)."""
+    whether the tokens are the same for every drafter on the recordings every drafter decoded
+    greedily (the loop makes them so); a recording where one fell back to sampling
+    (faster-whisper's temperature fallback) is counted apart, as each draws its own sample."""
     from ct2_flash.whisper_model import FlashWhisperModel
 
     results, texts = {}, {}
@@ -273,15 +281,16 @@ def held_out_decodes(files: Sequence[str], drafters: Dict[str, str], model_path:
         for path in files:
             long = _seconds(path) > user_audio.WINDOW_SECONDS
             segments, _ = model.transcribe(path, beam_size=1, vad_filter=long)
-            texts[name].append([s.tokens for s in segments])
+            texts[name].append([(s.tokens, s.temperature) for s in segments])
         stats = model.spec_stats
         results[name] = {"tokens_per_call": round(stats.tokens_per_call, 3),
                          "loop_rows": stats.generate_calls, "generate_rows": stats.generate_rows + stats.fallback_calls,
                          "acceptance": round(stats.acceptance_rate, 4)}
         del model
     first = next(iter(texts.values()))
-    identical = [all(texts[name][i] == first[i] for name in texts) for i in range(len(files))]
-    return {"files": len(files), "identical": sum(identical), **results}
+    greedy = [i for i in range(len(files)) if all(t == 0 for name in texts for _, t in texts[name][i])]
+    identical = [i for i in greedy if all(texts[name][i] == first[i] for name in texts)]
+    return {"files": len(files), "greedy_files": len(greedy), "identical": len(identical), **results}
 
 
 def _seconds(path: str) -> float:
@@ -291,8 +300,7 @@ def _seconds(path: str) -> float:
         return float(container.duration or 0) / 1e6
 
 
-def _report(plan: dict, options: AdaptOptions, data: dict, meta: dict, decodes: dict, start: str,
-            seconds: float) -> dict:
+def _report(plan: dict, options: AdaptOptions, data: dict, meta: dict, decodes: dict, start: str) -> dict:
     validations = meta["validations"]
     initial = validations[0]
     best = max(validations, key=lambda v: v["mean_accepted_length"])
@@ -310,7 +318,9 @@ def _report(plan: dict, options: AdaptOptions, data: dict, meta: dict, decodes: 
             "defaults": decodes,
         },
         "curve": [{"step": v["step"], **{k: round(v[k], 4) for k in keys}} for v in validations],
-        "audio_minutes_per_minute": round((data["train"]["minutes"] + data["validation"]["minutes"]) / (seconds / 60), 2),
+        # Over every stage's time, summed across resumed runs.
+        "audio_minutes_per_minute": round((data["train"]["minutes"] + data["validation"]["minutes"])
+                                          / (max(1.0, sum(plan["seconds"].values())) / 60), 2),
         "seconds": dict(plan["seconds"]),
     }
 
@@ -367,7 +377,8 @@ def summary_lines(report: dict) -> List[str]:
         f"held out, as the defaults run it: tokens per target call {defaults['start']['tokens_per_call']:.2f} -> "
         f"{defaults['adapted']['tokens_per_call']:.2f}; rows in the loop {defaults['start']['loop_rows']} -> "
         f"{defaults['adapted']['loop_rows']}, through generate() {defaults['start']['generate_rows']} -> "
-        f"{defaults['adapted']['generate_rows']}; same text on {defaults['identical']}/{defaults['files']} files",
+        f"{defaults['adapted']['generate_rows']}; same tokens on {defaults['identical']}/{defaults['greedy_files']} files "
+        f"decoded greedily ({defaults['files'] - defaults['greedy_files']} fell back to sampling)",
         "time: " + ", ".join(f"{stage} {value / 60:.1f} min" for stage, value in seconds.items())
         + f" ({report['audio_minutes_per_minute']:.2f} min of audio per minute)",
     ]

@@ -139,9 +139,12 @@ def done_sources(data_dir: str) -> Dict[str, Source]:
     return sources
 
 
-def prepare(data_dir: str, split: Dict[str, str], progress: bool = True) -> List[Source]:
+def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies: int = 0) -> List[Source]:
     """Write the windows of every file in ``split`` not done yet; returns every file's outcome
     (in ``split``'s order), done before or now.
+
+    ``copies``: each training window is also written this many times at another speed
+    (``speed_copies``); held-out windows never are.
 
     Unreadable files are skipped with their reason; a full disk raises (``OSError``) after
     removing the window it was writing, and the file is done again on resume.
@@ -175,14 +178,18 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True) -> List
                 windows = speech_windows(audio)
                 entries = [_write_window(audio_dir, f"f{index:05d}w{number:03d}", window, path, split[path])
                            for number, window in enumerate(windows)]
+                if split[path] == "train":
+                    entries += [_write_window(audio_dir, f"f{index:05d}w{number:03d}c{copy + 1}", faster, path, "train")
+                                for number, window in enumerate(windows)
+                                for copy, faster in enumerate(speed_copies(window, copies, f"{index}/{number}"))]
                 for entry in (e for e in entries if e["id"] not in written):
                     manifest.write(json.dumps(entry) + "\n")
                 manifest.flush()
                 reason = "" if windows else ("empty" if audio.size == 0 else
                                              f"shorter than {MIN_SECONDS} s" if audio.size < MIN_SECONDS * SAMPLING_RATE
                                              else "no speech found by the VAD")
-                source = Source(path=path, split=split[path], windows=len(entries),
-                                seconds=round(sum(e["seconds"] for e in entries), 3), skipped=reason)
+                source = Source(path=path, split=split[path], windows=len(windows),
+                                seconds=round(sum(w.size for w in windows) / SAMPLING_RATE, 3), skipped=reason)
             if source.skipped:
                 logger.warning("ct2-flash adapt: skipped %s: %s", path, source.skipped)
             log.write(json.dumps(asdict(source)) + "\n")
@@ -190,6 +197,27 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True) -> List
             done[path] = source
             bar.update(1)
     return [done[path] for path in order]
+
+
+# Speed factors of the copies: the range of speed perturbation in speech recognition training
+# (tempo and pitch together), never within 3% of the original.
+SPEEDS = (0.9, 1.1)
+
+
+def speed_copies(window: np.ndarray, copies: int, key: str) -> List[np.ndarray]:
+    """``copies`` versions of ``window`` at speeds drawn (stably, by ``key``) from ``SPEEDS``,
+    each cut to 30 s. The target labels them too: more of the user's speech as the target
+    hears it, not a new domain."""
+    from ct2_flash.train.augment import _change_speed
+
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "little"))
+    result = []
+    for _ in range(copies):
+        speed = 1.0
+        while abs(speed - 1.0) < 0.03:
+            speed = float(rng.uniform(*SPEEDS))
+        result.append(_change_speed(window, speed)[: int(WINDOW_SECONDS * SAMPLING_RATE)])
+    return result
 
 
 def _drop_partial_line(path: str) -> None:
