@@ -111,6 +111,23 @@ def test_speech_sets_unpack_only_english_clips_with_transcripts(tmp_path):
     ]
 
 
+def test_the_asterisk_set_keeps_spoken_prompts_with_transcripts(tmp_path, monkeypatch):
+    import gzip
+
+    from ct2_flash.benchmark import speech_sets
+
+    sounds = "./usr/share/asterisk/sounds/en_US_f_Allison/"
+    text = b"; Core Asterisk Sounds in English\n\nactivated: Activated.\nbeep: [this is a simple beep tone]\n" \
+           b"digits/7: seven\nsilence/1: [1 second of silence]\nmissing: No file.\n"
+    docs = _tar({"./usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz": gzip.compress(text)})
+    audio = _tar({sounds + "activated.wav": b"wav", sounds + "beep.wav": b"wav", sounds + "digits/7.wav": b"wav",
+                  sounds + "silence/1.wav": b"wav", sounds + "unlisted.wav": b"wav"})
+    monkeypatch.setattr(speech_sets, "_deb_files", {"docs.deb": docs, "audio.deb": audio}.get)
+    got = speech_sets._unpack_asterisk(["docs.deb", "audio.deb"], str(tmp_path))
+    assert [(os.path.basename(u.path), u.reference) for u in got] == [("activated.wav", "Activated."),
+                                                                       ("digits_7.wav", "seven")]
+
+
 def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
     from ct2_flash.cli import main
 

@@ -14,8 +14,7 @@ And one domain from Debian:
 - ``asterisk``: the Asterisk PBX's core English prompts (``asterisk-core-sounds-en-wav``
   1.6.1-1, transcripts in ``asterisk-core-sounds-en``): one speaker, 8 kHz telephone audio,
   553 recordings and 24 minutes of IVR prompts, digits, letters and dictation phrases (the
-  prompts that are tones or silence are left out). The domain ``ct2-flash adapt`` was first
-  tried on.
+  prompts that are tones or silence are left out): a narrow domain for ``ct2-flash adapt``.
 
 ``pip download`` fetches an sdist through whatever index pip is configured with, ``apt-get
 download`` a Debian package through apt's sources (nothing is installed); the wanted members

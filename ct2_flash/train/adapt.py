@@ -283,9 +283,11 @@ def held_out_decodes(files: Sequence[str], drafters: Dict[str, str], model_path:
             segments, _ = model.transcribe(path, beam_size=1, vad_filter=long)
             texts[name].append([(s.tokens, s.temperature) for s in segments])
         stats = model.spec_stats
+        first = stats.proposed_by_position[0] if stats.proposed_by_position else 0
         results[name] = {"tokens_per_call": round(stats.tokens_per_call, 3),
                          "loop_rows": stats.generate_calls, "generate_rows": stats.generate_rows + stats.fallback_calls,
-                         "acceptance": round(stats.acceptance_rate, 4)}
+                         "acceptance": round(stats.acceptance_rate, 4),
+                         "first_position_acceptance": round(stats.accepted_by_position[0] / first, 4) if first else None}
         del model
     first = next(iter(texts.values()))
     greedy = [i for i in range(len(files)) if all(t == 0 for name in texts for _, t in texts[name][i])]
