@@ -338,7 +338,7 @@ def _stream(args: argparse.Namespace) -> int:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from ct2_flash.train.adapt import AdaptError, AdaptOptions, adapt, summary_lines
+    from ct2_flash.train.adapt import AdaptError, AdaptOptions, adapt, summary_lines, work_dir_for
 
     try:
         options = AdaptOptions(model=args.model, compute_type=args.compute_type, start=args.start,
@@ -349,6 +349,10 @@ def _adapt(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError, FileNotFoundError, AdaptError) as error:
         print(f"ct2-flash adapt: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"ct2-flash adapt: interrupted; what was done is kept in {work_dir_for(args.out)}: run the same command "
+              f"with --resume to go on", file=sys.stderr)
+        return 130
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
