@@ -65,7 +65,8 @@ def held_out_manifest(domain: str, drafter: str, path: str) -> str:
 
 
 def bench(inputs: List[str], drafter: str, compute_type: str, repeats: int, every_round: bool, out: str) -> dict:
-    """One ``ct2-flash bench`` run; returns its summary."""
+    """One ``ct2-flash bench`` run (or the one already in ``out``: delete it to measure again);
+    returns its summary."""
     command = [sys.executable, "-m", "ct2_flash.cli", "bench", *inputs, "--compute-types", compute_type,
                "--repeats", str(repeats), "--stock", "--out", out]
     if drafter != "shipped":
@@ -73,7 +74,8 @@ def bench(inputs: List[str], drafter: str, compute_type: str, repeats: int, ever
     if every_round:
         # At int8 the loop runs only with near_exact (not exact there); the network is what is measured.
         command += ["--draft-every-round"] + (["--near-exact"] if compute_type != "float32" else [])
-    subprocess.run(command, check=True)
+    if not os.path.isfile(os.path.join(out, "bench.json")):
+        subprocess.run(command, check=True)
     with open(os.path.join(out, "bench.json"), encoding="utf-8") as stream:
         (setting,) = json.load(stream)["settings"]
     summary = setting["summary"]

@@ -108,6 +108,7 @@ def test_nothing_usable_is_an_error_before_training(tmp_path, user_folder):
         adapt([str(tmp_path / "none")], str(tmp_path / "d2"), AdaptOptions(steps=10), progress=False)
 
 
+@pytest.mark.slow  # 40 s: three clips through every step twice, and the schedule once more
 def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_schedule(tmp_path, user_folder, model_path,
                                                                                     clips, monkeypatch):
     """A few updates on two clips, one held out: the report, the exported drafter, the checks
