@@ -9,7 +9,8 @@ round drafting (the adaptation's own held-out validation, the start scored first
 - ``last-layer``: only the last block and the final norm;
 - ``all-audio``: blocks read all of the audio in training instead of the runtime's window;
 - ``speed-copies``: each training window also labelled at two other speeds (0.9-1.1x);
-- ``lr-3e-4``: three times the default peak learning rate.
+- ``lr-3e-4``: three times the default peak learning rate;
+- ``bf16``: training's forward pass under bfloat16 autocast.
 
     python bench/adapt_ablation.py --domain mfa --out bench/results/adapt/ablation.json
 """
@@ -28,6 +29,7 @@ VARIANTS = {
     "all-audio": {"audio_window": False},
     "speed-copies": {"speed_copies": 2},
     "lr-3e-4": {"learning_rate": 3e-4},
+    "bf16": {"bf16": True},
 }
 
 

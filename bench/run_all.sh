@@ -180,5 +180,13 @@ float32_decoder1 float32 2 1
 float32_shared float32 2 none
 LIST
 
+# ct2-flash adapt on real domains split by file, its ablation and bf16 training (about 1 hour;
+# the adapted drafters and their work stay in ~/.cache/ct2_flash/adapt).
+$PY bench/adapt_domains.py --domain mfa --holdout 0.5 --compute-type float32 --sets held_out other --out $OUT/adapt
+$PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type float32 --sets held_out other \
+  --modes every_round --out $OUT/adapt
+$PY bench/adapt_ablation.py --domain mfa --out $OUT/adapt/ablation.json
+$PY bench/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt --out $OUT/adapt/bf16.json
+
 # The tables docs/measurements.md quotes, from every runner result above.
 $PY bench/summarize.py $(find $OUT -name bench.json -not -path "*/earlier/*" | sort) > $OUT/summary.md

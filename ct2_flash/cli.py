@@ -480,7 +480,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     adapt.add_argument("--all-audio", action="store_true", help="blocks read all of the audio, not the runtime's window")
     adapt.add_argument("--speed-copies", type=int, default=0,
                        help="also label each training window at this many other speeds, 0.9-1.1x (default: 0)")
-    adapt.add_argument("--bf16", action="store_true", help="bfloat16 autocast in training (CPUs with bf16)")
+    adapt.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                       help="bfloat16 autocast in training (default: where the CPU has bf16 instructions)")
     adapt.add_argument("--threads", type=int, default=2)
     adapt.add_argument("--resume", action="store_true", help="go on with the work a killed run left in OUT.adapt/")
     adapt.add_argument("--force", action="store_true", help="replace OUT and start the work over")
