@@ -14,7 +14,7 @@ from .conftest import DATA, LONG_PATH, segments_of
 
 torch = pytest.importorskip("torch")
 
-from ct2_flash.train.adapt import AdaptError, AdaptOptions, adapt, work_dir_for  # noqa: E402
+from ct2_flash.train.adapt import AdaptError, AdaptOptions, adapt, summary_lines, work_dir_for  # noqa: E402
 
 CLIPS = [os.path.join(DATA, name) for name in ("clip01_slt.ogg", "clip02_awb.ogg", "clip05_kal16.ogg")]
 
@@ -151,6 +151,7 @@ def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_sched
     # The start is validated too, so what is kept is never worse on the held-out windows.
     assert every["adapted"]["mean_accepted_length"] >= every["start"]["mean_accepted_length"]
     assert report["held_out"]["defaults"]["identical"] == report["held_out"]["defaults"]["greedy_files"] == 1
+    assert any("same tokens on 1/1 files decoded greedily" in line for line in summary_lines(report))
     assert set(os.listdir(out)) >= {"adapt_report.json", "adapt_report.png", "adapted.json", "drafter.json",
                                     "export.json", "propose.onnx"}
     with pytest.raises(FileExistsError, match="--force"):

@@ -41,7 +41,7 @@ logger = logging.getLogger("ct2_flash")
 STEPS_PER_MINUTE = 40
 MIN_STEPS, MAX_STEPS = 100, 1500
 # Held-out windows each validation decodes (up to a second and a half each on 2 cores for a
-# 30 s window, 9 validations); the first ones in file order when there are more.
+# 30 s window, about 10 validations); the first ones in file order when there are more.
 MAX_VALIDATION_WINDOWS = 128
 # Training state saved every this many updates: a killed run loses at most these (~10 s).
 SAVE_EVERY = 25
