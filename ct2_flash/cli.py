@@ -1,7 +1,8 @@
 """``ct2-flash`` command line: ``demo`` transcribes the bundled sample with both systems,
 ``transcribe`` writes transcripts of files, ``bench`` measures both on many files, ``stream`` replays a file as a
 live stream, ``convert-drafter`` exports a trained drafter for the runtime, ``adapt`` fine-tunes the drafter on a
-user's own recordings, ``fetch-speech`` downloads the real-speech sets."""
+user's own recordings, ``run`` runs a faster-whisper client with ct2-flash in place of its
+``WhisperModel``, ``fetch-speech`` downloads the real-speech sets."""
 
 from __future__ import annotations
 
@@ -366,6 +367,44 @@ def _adapt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from ct2_flash import dropin
+    from ct2_flash.run_program import ProgramError, find_program, run
+
+    try:
+        program = find_program(args.program)
+        dropin.install(drafter=args.drafter, num_draft_tokens=args.num_draft_tokens, program=program.name)
+    except (ProgramError, ValueError, FileNotFoundError) as error:
+        print(f"ct2-flash run: {error}", file=sys.stderr)
+        return 2
+    return run(program, args.stats)
+
+
+def _hook(args: argparse.Namespace) -> int:
+    import ct2_flash_hook
+
+    path = ct2_flash_hook.pth_path(args.site_packages)
+    present = os.path.isfile(path)
+    if args.action == "install":
+        try:
+            with open(f"{path}.tmp", "w", encoding="utf-8") as stream:
+                stream.write(ct2_flash_hook.PTH_LINE)
+            os.replace(f"{path}.tmp", path)
+        except OSError as error:
+            print(f"ct2-flash hook: cannot write {path} ({error}); run it as the environment's owner, or pass "
+                  f"--site-packages DIR", file=sys.stderr)
+            return 2
+        print(f"wrote {path}: Python programs of this environment started with {ct2_flash_hook.VARIABLE}=1 use "
+              f"ct2-flash for faster_whisper.WhisperModel (remove: ct2-flash hook remove)")
+    elif args.action == "remove":
+        if present:
+            os.remove(path)
+        print(f"removed {path}" if present else f"no hook at {path}")
+    else:
+        print(f"installed at {path}" if present else f"not installed (would be {path})")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__)
     commands = parser.add_subparsers(dest="command")
@@ -488,7 +527,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     fetch = commands.add_parser("fetch-speech", help="download the real-speech sets and write their manifests")
     fetch.add_argument("sets", nargs="*", help="mfa, pocketsphinx, asterisk (default: all)")
     fetch.add_argument("--cache", default="")
+    run = commands.add_parser("run", help="run a Python program (a faster-whisper client) with ct2-flash in place of "
+                                          "faster_whisper.WhisperModel")
+    run.add_argument("--drafter", default=None, help="drafter directory for every model (default: the shipped one)")
+    run.add_argument("--num-draft-tokens", type=int, default=8, help="K, the most tokens proposed per verification")
+    run.add_argument("--stats", default=None, metavar="FILE",
+                     help="write at exit a JSON of what the models did (rows speculative / through generate() / "
+                          "beam search, tokens per target call)")
+    run.add_argument("program", nargs=argparse.REMAINDER,
+                     help="-- PROGRAM ARGS...: a console script on PATH, -m MODULE, or a .py file")
+    hook = commands.add_parser("hook", help="CT2_FLASH=1 in this environment's Python programs: install, remove or "
+                                            "show the start-up hook (a .pth file)")
+    hook.add_argument("action", choices=("install", "remove", "status"))
+    hook.add_argument("--site-packages", default=None, help="where the .pth goes (default: this environment's)")
     args = parser.parse_args(argv)
+    if args.command == "run":
+        # Before any logging setup of ours: the program configures logging as it would alone.
+        return _run(args)
     logging.basicConfig(level=logging.WARNING)
     if args.command in (None, "demo"):
         if args.command is None:
@@ -504,6 +559,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _convert_drafter(args)
     if args.command == "fetch-speech":
         return _fetch_speech(args)
+    if args.command == "hook":
+        return _hook(args)
     if args.command == "adapt":
         logging.getLogger("ct2_flash").setLevel(logging.INFO)
         return _adapt(args)

@@ -143,6 +143,8 @@ class SpeculativeWhisper:
         self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
+        # What the one beam-search warning tells the user to do (``dropin`` names the client's option).
+        self.beam_search_hint = _FALLBACK_HINTS[_BEAM_SEARCH]
         # Per thread: the last encoder output, per row how many of its frames hold audio, and
         # the fingerprint of a one-row window.
         self._encoded_audio = threading.local()
@@ -189,7 +191,8 @@ class SpeculativeWhisper:
                 self._fallback_reasons_logged.add(reason)
                 # A user who only swapped the class (faster-whisper's transcribe() defaults to
                 # beam_size=5) or asked for int8 gets no speculation at all: say so, and how.
-                hint = _FALLBACK_HINTS.get(reason) or (_INEXACT_HINT if reason == self.inexact_reason else None)
+                hint = self.beam_search_hint if reason == _BEAM_SEARCH else (
+                    _INEXACT_HINT if reason == self.inexact_reason else None)
                 (logger.info if hint is None else logger.warning)(
                     "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
             with self._counting:

@@ -6,6 +6,7 @@ reference transcriptions from plain faster-whisper are computed once per option 
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import weakref
@@ -79,6 +80,7 @@ _FLASH_MODELS: "weakref.WeakSet[FlashWhisperModel]" = weakref.WeakSet()
 _make_flash = FlashWhisperModel.__init__
 
 
+@functools.wraps(_make_flash)  # keeps the signature, which ct2_flash.dropin reads
 def _registered(self, *args, **kwargs):
     _make_flash(self, *args, **kwargs)
     _FLASH_MODELS.add(self)

@@ -12,7 +12,8 @@ LAYERS = [
     ("engine", "stock"),          # the CTranslate2 runtimes (patched here, stock in a worker) and model files
     ("drafting",),                # drafters: interface, files, ONNX round, PyTorch network
     ("runtime",),                 # target sequence, logit rules, acceptance, the loop
-    ("audio", "policy", "engines", "redecodes", "thread_split", "outputs", "whisper_model", "streaming"),  # the faster-whisper adapter
+    ("audio", "policy", "engines", "redecodes", "thread_split", "outputs", "whisper_model", "streaming", "dropin",
+     "run_program"),  # the faster-whisper adapter
     ("validation",),              # reference drafters, exactness comparisons, fuzzing
     ("benchmark", "train", "converters"),
     ("cli", "__init__"),

@@ -1,0 +1,109 @@
+"""``CT2_FLASH=1``: ct2-flash in Python programs started by others (a service, a client's
+own launcher), without editing them and without ``sitecustomize``.
+
+``ct2-flash hook install`` writes ``ct2_flash_hook.pth`` into this environment's site-packages.
+Python runs a ``.pth`` file's ``import`` lines at every start of this environment's
+interpreter; this one only reads ``CT2_FLASH`` and, when it is set (not ``0``), imports this
+module and calls ``activate()``. Nothing else happens at start-up: ``activate()`` puts a finder
+on ``sys.meta_path`` that waits for the program to import ``faster_whisper``, and only then
+imports ct2-flash and calls ``ct2_flash.install()`` (so a program that never uses faster-whisper
+pays nothing, and one that does pays ct2-flash's import once). ``ct2-flash hook remove``
+deletes the file. The hook is opt-in twice (the file, then the variable) because a ``.pth``
+line runs in every program of the environment, pip included.
+
+``CT2_FLASH_DRAFTER`` and ``CT2_FLASH_NUM_DRAFT_TOKENS`` set ``install()``'s options;
+``CT2_FLASH_STATS=FILE`` writes the models' counters at exit, as ``ct2-flash run --stats``.
+
+This is a top-level module, not part of the ``ct2_flash`` package, because importing the
+package loads the runtime, which a ``.pth`` line must not do.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import sysconfig
+from typing import Optional
+
+VARIABLE = "CT2_FLASH"
+PTH_FILE = "ct2_flash_hook.pth"
+# One line: a .pth runs lines that start with "import"; the rest of the line is Python.
+PTH_LINE = (f"import os; os.environ.get({VARIABLE!r}, '0') not in ('', '0') and "
+            f"__import__('ct2_flash_hook').activate()\n")
+WATCHED = ("faster_whisper", "ct2_flash")
+
+
+def activate() -> None:
+    """Install ct2-flash once faster-whisper is imported (at once if it already is)."""
+    if any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        return
+    if "faster_whisper" in sys.modules and "ct2_flash" not in sys.modules:
+        _install()
+        return
+    sys.meta_path.insert(0, _Finder())
+
+
+def _install() -> None:
+    import ct2_flash.dropin as dropin
+    from ct2_flash import run_program
+
+    tokens = os.environ.get("CT2_FLASH_NUM_DRAFT_TOKENS")
+    dropin.install(drafter=os.environ.get("CT2_FLASH_DRAFTER") or None,
+                   num_draft_tokens=int(tokens) if tokens else 8,
+                   program=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None)
+    stats = os.environ.get("CT2_FLASH_STATS")
+    if stats:
+        run_program.write_stats_at_exit(stats, os.path.basename(sys.argv[0]) if sys.argv else "python")
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loaders of ``faster_whisper`` and ``ct2_flash`` so that
+    ``install()`` runs once the first of them has finished importing and the second is not
+    half-imported (ct2_flash imports faster_whisper while it loads)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, self)
+                return spec
+        return None
+
+    def imported(self, name: str) -> None:
+        """After watched module ``name`` finished loading: install when faster_whisper is loaded
+        and ct2_flash is not half-way through its own import."""
+        if "faster_whisper" not in sys.modules or self not in sys.meta_path:
+            return
+        loading = sys.modules.get("ct2_flash")
+        if name != "ct2_flash" and loading is not None and getattr(loading.__spec__, "_initializing", False):
+            return  # ct2_flash imports faster_whisper while it loads; its own loader calls back
+        sys.meta_path.remove(self)
+        _install()
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader, finder: _Finder) -> None:
+        self.loader = loader
+        self.finder = finder
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        self.finder.imported(module.__name__)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def pth_path(site_packages: Optional[str] = None) -> str:
+    """Where ``ct2-flash hook install`` writes the ``.pth`` file (this environment's purelib)."""
+    return os.path.join(site_packages or sysconfig.get_paths()["purelib"], PTH_FILE)
