@@ -185,8 +185,13 @@ LIST
 $PY bench/adapt_domains.py --domain mfa --holdout 0.5 --compute-type float32 --sets held_out other --out $OUT/adapt
 $PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type float32 --sets held_out other \
   --modes every_round --out $OUT/adapt
+$PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type int8 --sets held_out --out $OUT/adapt
 $PY bench/adapt_ablation.py --domain mfa --out $OUT/adapt/ablation.json
 $PY bench/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt --out $OUT/adapt/bf16.json
+
+# Speed under real faster-whisper clients, plain (stock and patched) and under ct2-flash run
+# (needs bash scripts/install.sh --clients).
+$PY bench/clients.py --speech-set mfa --max-files 40 --compute-types int8 float32 --out $OUT/clients/clients.json
 
 # The tables docs/measurements.md quotes, from every runner result above.
 $PY bench/summarize.py $(find $OUT -name bench.json -not -path "*/earlier/*" | sort) > $OUT/summary.md
