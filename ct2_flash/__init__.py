@@ -15,9 +15,11 @@ from ct2_flash.engine.models import UnknownModelError, available_models, resolve
 from ct2_flash.runtime.decoding import SpeculativeDecoder  # noqa: E402
 from ct2_flash.runtime.stats import SpecStats  # noqa: E402
 from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, load_drafter  # noqa: E402
+from ct2_flash.dropin import install, uninstall  # noqa: E402
 
 # What users need: the model and its pipeline, the loop and its counters, drafters (the
-# interface, the built-in one, the loader), models, and the errors they may meet.
+# interface, the built-in one, the loader), models, the drop-in under programs that build
+# faster-whisper's class themselves, and the errors they may meet.
 __all__ = [
     "AudioError",
     "BatchedInferencePipeline",
@@ -34,7 +36,9 @@ __all__ = [
     "SpeculativeDecoder",
     "UnknownModelError",
     "available_models",
+    "install",
     "load_drafter",
     "resolve_model",
+    "uninstall",
 ]
 __version__ = "0.1.0"

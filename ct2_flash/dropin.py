@@ -80,7 +80,7 @@ class DropInOptions:
 CLIENT_BEAM_OPTIONS = {
     "whisper-ctranslate2": "--beam_size 1",
     "wyoming-faster-whisper": "--beam-size 1",
-    "faster-whisper-server": "none in its API: it always decodes with beam search",
+    "faster-whisper-server": "transcribe_options: {beam_size: 1} in its --config file",
     "whisperlivekit": "none: its faster-whisper backend writes beam_size=5 into its transcribe() call",
 }
 
@@ -116,9 +116,18 @@ class DropInWhisperModel(FlashWhisperModel):
                                            bound.get("use_auth_token"))
         settings = dict(options.model_options, drafter=options.drafter, num_draft_tokens=options.num_draft_tokens)
         settings.update(kwargs)
-        super().__init__(path, *args, **settings)
+        try:
+            super().__init__(path, *args, **settings)
+        except Exception as error:
+            # The program sees the very exception (it may catch it); the log says who failed and what to try.
+            logger.error("ct2-flash: %s could not build WhisperModel(%r) under ct2-flash (%s: %s); check that plain "
+                         "faster-whisper loads it (run the program without ct2-flash), and that the drafter (%s) "
+                         "was made for this model", options.program or "the program", model_size_or_path,
+                         type(error).__name__, error, options.drafter or "the shipped one")
+            raise
         if options.program:
-            hint = CLIENT_BEAM_OPTIONS.get(options.program)
+            # A console script's name, or the module of -m (underscores).
+            hint = CLIENT_BEAM_OPTIONS.get(options.program.replace("_", "-"))
             if hint is not None:
                 self.model.beam_search_hint = f" ({options.program}'s option for greedy decoding: {hint})"
         with _lock:

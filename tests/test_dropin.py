@@ -105,6 +105,13 @@ def test_models_resolve_as_faster_whisper_resolves_them(model_path):
         resolve_like_faster_whisper("no-such-model", local_files_only=True)
 
 
+def test_a_model_that_cannot_load_raises_faster_whispers_error_and_logs_what_to_do(installed, tmp_path, caplog):
+    installed(program="some-client")
+    with caplog.at_level(logging.ERROR, logger="ct2_flash"), pytest.raises(RuntimeError, match="model.bin"):
+        faster_whisper.WhisperModel(str(tmp_path), compute_type="float32")
+    assert "some-client could not build WhisperModel" in caplog.text and "without ct2-flash" in caplog.text
+
+
 def test_a_model_in_memory_is_refused_with_what_to_do(installed):
     installed()
     with pytest.raises(ValueError, match="files=.*directory"):
