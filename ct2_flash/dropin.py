@@ -234,8 +234,9 @@ def installed() -> bool:
 def stats() -> Dict[str, Any]:
     """What the models built since ``install()`` did, JSON-ready: per model its counters
     (``SpecStats``) and, over all models, rows decoded speculatively, rows sent to CTranslate2's
-    ``generate()`` (speculation measured slower, or int8 without ``near_exact``), calls passed
-    on unchanged (beam search), and tokens per target call in the loop."""
+    ``generate()`` because speculation measured slower, calls passed to CTranslate2 unchanged
+    (``unchanged_calls``: beam search, int8 without ``near_exact``, options the loop does not
+    implement), and tokens per target call in the loop."""
     with _lock:
         models = list(_state.models) if _state is not None else []
     rows = []
@@ -249,7 +250,7 @@ def stats() -> Dict[str, Any]:
         "models": rows,
         "speculative_rows": total["generate_calls"],
         "generate_rows": total["generate_rows"],
-        "beam_search_or_unchanged_calls": total["fallback_calls"],
+        "unchanged_calls": total["fallback_calls"],
         "target_calls": total["target_calls"],
         "tokens_per_target_call": total["emitted"] / total["target_calls"] if total["target_calls"] else 0.0,
         "acceptance": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,

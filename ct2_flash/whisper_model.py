@@ -438,9 +438,9 @@ class FlashWhisperModel(WhisperModel):
             suppress_ids=config.get("suppress_ids", ()),
             suppress_ids_begin=config.get("suppress_ids_begin", ()),
         )
-        if drafter.needs_states:
+        if drafter.needs_states and loop_runs:
             # Otherwise the first speculative call would pay for it, and the policy would
-            # measure speculation slower than it is.
+            # measure speculation slower than it is (where the loop never runs, nothing pays).
             runtime.prepare_recovery()
         if guard_margin is None:
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
