@@ -197,7 +197,7 @@ def _replacement(replacements: Dict[type, type], value: object) -> Optional[type
     """ct2-flash's class for ``value`` when it is one of faster-whisper's, else None."""
     try:
         return replacements.get(value)  # type: ignore[call-overload]
-    except TypeError:  # unhashable module globals
+    except Exception:  # unhashable module globals, or objects whose __hash__ fails
         return None
 
 
