@@ -50,12 +50,12 @@ def _install() -> None:
     from ct2_flash import run_program
 
     tokens = os.environ.get("CT2_FLASH_NUM_DRAFT_TOKENS")
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None
     dropin.install(drafter=os.environ.get("CT2_FLASH_DRAFTER") or None,
-                   num_draft_tokens=int(tokens) if tokens else 8,
-                   program=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None)
+                   num_draft_tokens=int(tokens) if tokens else 8, program=program)
     stats = os.environ.get("CT2_FLASH_STATS")
     if stats:
-        run_program.write_stats_at_exit(stats, os.path.basename(sys.argv[0]) if sys.argv else "python")
+        run_program.write_stats_at_exit(stats, program or "python")
 
 
 class _Finder(importlib.abc.MetaPathFinder):

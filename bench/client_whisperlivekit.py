@@ -136,7 +136,7 @@ def main() -> None:
 
     from ct2_flash import resolve_model
     from ct2_flash.benchmark.runner import machine
-    from ct2_flash.stock.location import stock_dir
+    from ct2_flash.stock.location import environment_with, stock_dir
 
     from faster_whisper import decode_audio
 
@@ -145,9 +145,7 @@ def main() -> None:
     results: dict = {}
     for round_index in range(args.rounds):
         for system in ("flash", "same", "stock")[round_index % 3:] + ("flash", "same", "stock")[: round_index % 3]:
-            environment = dict(os.environ)
-            if system == "stock":
-                environment["PYTHONPATH"] = os.pathsep.join(filter(None, [stock_dir(), environment.get("PYTHONPATH", "")]))
+            environment = environment_with(stock_dir() if system == "stock" else "")
             command = [sys.executable, os.path.abspath(__file__), args.audio, "--system", system, "--model-path", path,
                        "--compute-type", args.compute_type, "--threads", str(args.threads), "--chunk", str(args.chunk),
                        "--language", args.language, "--repeats", str(args.repeats)]

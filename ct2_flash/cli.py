@@ -532,10 +532,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     run.add_argument("--drafter", default=None, help="drafter directory for every model (default: the shipped one)")
     run.add_argument("--num-draft-tokens", type=int, default=8, help="K, the most tokens proposed per verification")
     run.add_argument("--stats", default=None, metavar="FILE",
-                     help="write at exit a JSON of what the models did (rows speculative / through generate() / "
-                          "beam search, tokens per target call)")
+                     help="write at exit a JSON of what the models did (rows in the loop / through generate() / "
+                          "passed on unchanged: beam search, int8; tokens per target call)")
     run.add_argument("program", nargs=argparse.REMAINDER,
-                     help="-- PROGRAM ARGS...: a console script on PATH, -m MODULE, or a .py file")
+                     help="-- PROGRAM ARGS...: a console script (this environment's, else on PATH), -m MODULE, or a .py file")
     hook = commands.add_parser("hook", help="CT2_FLASH=1 in this environment's Python programs: install, remove or "
                                             "show the start-up hook (a .pth file)")
     hook.add_argument("action", choices=("install", "remove", "status"))

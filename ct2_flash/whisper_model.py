@@ -62,7 +62,7 @@ def inexact_reason(compute_type: str, near_exact: bool) -> Optional[str]:
     return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
 
 
-_FALLBACK_HINTS = {_BEAM_SEARCH: " (pass beam_size=1 to transcribe() for speculative greedy decoding)"}
+_BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy decoding)"
 _INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
                  "most windows but not all: docs/exactness.md)")
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
@@ -144,7 +144,7 @@ class SpeculativeWhisper:
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
         # What the one beam-search warning tells the user to do (``dropin`` names the client's option).
-        self.beam_search_hint = _FALLBACK_HINTS[_BEAM_SEARCH]
+        self.beam_search_hint = _BEAM_SEARCH_HINT
         # Per thread: the last encoder output, per row how many of its frames hold audio, and
         # the fingerprint of a one-row window.
         self._encoded_audio = threading.local()

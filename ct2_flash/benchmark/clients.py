@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Tuple
 import numpy as np
 from faster_whisper import decode_audio
 
-from ct2_flash.stock.location import stock_dir
+from ct2_flash.stock.location import environment_with, stock_dir
 
 BIN = os.path.dirname(sys.executable)
 CT2_FLASH = os.path.join(BIN, "ct2-flash")
@@ -39,15 +39,12 @@ def command(system: str, program: List[str], stats: str = "") -> Tuple[List[str]
     """(argv, environment) that run ``program`` (a console script path and its arguments) as
     ``system``: ``plain`` on stock ctranslate2, ``same`` on the patched runtime, ``flash``
     under ``ct2-flash run`` (with ``--stats stats`` when given)."""
-    environment = dict(os.environ)
-    if system == "plain":
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [stock_dir(), environment.get("PYTHONPATH", "")]))
-        return list(program), environment
-    if system == "same":
-        return list(program), environment
-    if system != "flash":
+    if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
-    return [CT2_FLASH, "run", *(["--stats", stats] if stats else []), "--", *program], environment
+    environment = environment_with(stock_dir() if system == "plain" else "")
+    if system == "flash":
+        return [CT2_FLASH, "run", *(["--stats", stats] if stats else []), "--", *program], environment
+    return list(program), environment
 
 
 def free_port() -> int:

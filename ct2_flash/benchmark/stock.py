@@ -21,7 +21,7 @@ from typing import Tuple
 import numpy as np
 
 from ct2_flash.benchmark.measure import Measurement
-from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed, stock_dir
+from ct2_flash.stock.location import STOCK_CTRANSLATE2, environment_with, installed, stock_dir
 
 # What `pip install faster-whisper` gives today, pinned so the baseline does not drift.
 STOCK_REQUIREMENTS = ("faster-whisper==1.2.1", "ctranslate2==4.8.5")
@@ -78,11 +78,8 @@ class StockWorker:
 
     def __init__(self, python: str, model_path: str, compute_type: str, threads: int, path: str = "") -> None:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_worker.py")
-        environment = dict(os.environ)
-        if path:
-            environment["PYTHONPATH"] = os.pathsep.join(filter(None, [path, environment.get("PYTHONPATH", "")]))
         self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         env=environment)
+                                         env=environment_with(path))
         self._scratch = tempfile.TemporaryDirectory(prefix="ct2_flash_stock_")
         self._files: dict = {}
         self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads})["ctranslate2"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Dict
 
 # The stock release users get with ``pip install faster-whisper`` today, pinned.
 STOCK_CTRANSLATE2 = "4.8.5"
@@ -19,6 +20,16 @@ STOCK_CTRANSLATE2 = "4.8.5"
 def stock_dir() -> str:
     """The directory stock ``ctranslate2`` is installed into (``CT2_FLASH_STOCK_DIR`` moves it)."""
     return os.environ.get("CT2_FLASH_STOCK_DIR") or os.path.join(sys.prefix, "ct2_flash_stock", STOCK_CTRANSLATE2)
+
+
+def environment_with(directory: str) -> Dict[str, str]:
+    """A copy of this process's environment with ``directory`` (a stock install, usually
+    ``stock_dir()``) first on ``PYTHONPATH``: a child Python then imports stock ``ctranslate2``.
+    An empty ``directory`` leaves the path as it is."""
+    environment = dict(os.environ)
+    if directory:
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, environment.get("PYTHONPATH", "")]))
+    return environment
 
 
 def installed(directory: str = "") -> bool:
