@@ -31,6 +31,18 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI ({report.longrepr}): a test dependency is missing from the install"
 
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A module-level pytest.importorskip skips at collection, before any test runs, so the hook
+    # above never sees it: under CI that skip is a collection error instead.
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped at collection in CI ({reason}): a test dependency is missing from the install"
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CLIP_PATHS = sorted(glob.glob(os.path.join(DATA, "clip*.ogg")))
 LONG_PATH = os.path.join(DATA, "long_multi_voice.ogg")
