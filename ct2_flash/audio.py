@@ -14,7 +14,7 @@ import contextlib
 import gc
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator
 
 import numpy as np
 
@@ -23,7 +23,58 @@ SAMPLE_AUDIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", 
 
 
 class AudioError(ValueError):
-    """The audio given to ``transcribe()`` cannot be decoded as speech."""
+    """The audio given to ``transcribe()`` cannot be decoded as speech.
+
+    For a file PyAV cannot read, the error raised is also an instance of PyAV's own exception
+    (``av.error.InvalidDataError`` for a file that is not audio), with its attributes
+    (``errno``, ``filename``): a program written for faster-whisper that catches PyAV's errors
+    catches it as before. ``readable_error`` makes it.
+    """
+
+
+# PyAV's exception class -> the class deriving from both AudioError and it (one per class, so
+# that ``type(a) is type(b)`` holds for two unreadable files).
+_UNREADABLE: Dict[type, type] = {}
+
+
+def readable_error(error: Exception, message: str) -> Exception:
+    """The exception to raise for ``error``, PyAV's, with ``message`` as its text: an AudioError
+    that is also of ``type(error)`` (same ``args`` and attributes), or ``error`` itself, with
+    ``message`` added as a note, for PyAV's OSError family (a class deriving from ValueError
+    and OSError would skip OSError's ``__init__``: no ``errno``; they are OSErrors, as in
+    faster-whisper) and wherever no class can derive from both."""
+    kind = type(error)
+    combined = _UNREADABLE.get(kind)
+    if combined is None:
+        combined = _UNREADABLE[kind] = kind if issubclass(kind, OSError) else _audio_error_of(kind)
+    if combined is kind:
+        error.add_note(message)
+        return error
+    try:
+        readable = combined(*error.args)
+    except Exception:  # a constructor that does not take its own args back
+        error.add_note(message)
+        return error
+    readable.__dict__.update(getattr(error, "__dict__", {}))
+    readable.message = message
+    return readable
+
+
+def _audio_error_of(kind: type) -> type:
+    """The class deriving from AudioError and PyAV's ``kind`` (``kind`` itself where none can)."""
+    try:
+        return type(kind.__name__, (AudioError, kind), {
+            "__module__": __name__, "__qualname__": f"AudioError[{kind.__qualname__}]",
+            "__str__": lambda self: self.message,
+            # The class is made here, so pickle rebuilds it through this module.
+            "__reduce__": lambda self: (_rebuild, (kind, self.args, self.message))})
+    except TypeError:
+        return kind
+
+
+def _rebuild(kind: type, args: tuple, message: str) -> Exception:
+    """Unpickle what ``readable_error`` made."""
+    return readable_error(kind(*args), message)
 
 
 def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
@@ -33,10 +84,12 @@ def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
         audio: a path or file object (decoded with faster-whisper's ``decode_audio``, PyAV),
             or a 1-D floating-point array already at ``sampling_rate``.
     Raises:
-        AudioError: an unreadable file, an array that is not 1-D, not floating point, or has
-            NaN or infinite samples. Nothing has been decoded when it is raised. A missing file
-            raises FileNotFoundError, and empty audio is no error (no segments), as in
-            faster-whisper.
+        AudioError: an unreadable file (also an instance of PyAV's exception, see
+            ``readable_error``), an array that is not 1-D, not floating point, or has NaN or
+            infinite samples. Nothing has been decoded when it is raised. A missing file raises
+            FileNotFoundError, a file PyAV fails to open for a reason of the system (its OSError
+            family) that error with our message as a note, and empty audio is no error (no
+            segments), all as in faster-whisper.
     """
     if not isinstance(audio, np.ndarray):
         from faster_whisper import decode_audio
@@ -48,7 +101,7 @@ def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
         except (FileNotFoundError, IsADirectoryError, PermissionError):
             raise  # already says what is wrong, as faster-whisper's own call would
         except Exception as error:  # PyAV raises many types for unreadable input
-            raise AudioError(f"cannot read audio {name!r}: {type(error).__name__}: {error}") from error
+            raise readable_error(error, f"cannot read audio {name!r}: {type(error).__name__}: {error}") from error
     if audio.ndim != 1:
         raise AudioError(f"expected a 1-D mono waveform at {sampling_rate} Hz, got an array of shape {audio.shape} "
                          "(mix the channels down, for example audio.mean(axis=...))")

@@ -252,7 +252,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         try:
             segments, info = model.transcribe(path, **options)
             segments = list(segments)
-        except AudioError as error:  # one bad file does not stop the others
+        except (AudioError, OSError) as error:  # one bad file does not stop the others (PyAV's OSErrors too)
             print(f"ct2-flash transcribe: {error}", file=sys.stderr)
             failed += 1
             continue

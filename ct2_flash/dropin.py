@@ -36,7 +36,7 @@ from faster_whisper.utils import download_model
 
 from ct2_flash.engine.models import UnknownModelError, available_models
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, WhisperModel
+from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, WhisperModel, constructor_signature
 
 logger = logging.getLogger("ct2_flash")
 
@@ -69,8 +69,9 @@ class DropInOptions:
             raise ValueError(f"num_draft_tokens must be an int >= 1, got {self.num_draft_tokens!r}")
         if self.drafter is not None and not os.path.isdir(self.drafter):
             raise FileNotFoundError(f"drafter directory {self.drafter!r} does not exist")
-        allowed = set(inspect.signature(FlashWhisperModel.__init__).parameters) - {"self", "args", "kwargs",
-                                                                                  "model_size_or_path"}
+        # ct2-flash's own options (faster-whisper's are the program's to pass).
+        allowed = {p.name for p in inspect.signature(FlashWhisperModel.__init__).parameters.values()
+                   if p.kind is inspect.Parameter.KEYWORD_ONLY}
         unknown = sorted(set(self.model_options) - allowed)
         if unknown:
             raise TypeError(f"FlashWhisperModel has no option(s) {unknown}; it takes {sorted(allowed)}")
@@ -133,6 +134,10 @@ class DropInWhisperModel(FlashWhisperModel):
         with _lock:
             if _state is not None:
                 _state.models.append((model_size_or_path, self.model.compute_type, self.spec_stats))
+
+
+# faster-whisper's constructor, model name required as there, and ct2-flash's options.
+DropInWhisperModel.__init__.__signature__ = constructor_signature(DropInWhisperModel.__init__, FlashWhisperModel.__init__)
 
 
 def resolve_like_faster_whisper(name: str, download_root: Optional[str] = None, local_files_only: bool = False,

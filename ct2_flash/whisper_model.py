@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import ctranslate2
 import faster_whisper
@@ -82,6 +82,36 @@ REDECODE_LOOP_FIRST = 3
 REDECODE_PROBE_INTERVAL = 4
 # decoder_threads="auto" splits off a one-thread decoder for models up to this width.
 AUTO_SPLIT_MAX_WIDTH = 512
+
+
+def signature_of(original) -> Callable:
+    """Give the decorated override ``original``'s signature (``inspect.signature``).
+
+    The overrides take ``(self, audio, *args, **kwargs)`` and pass everything on, so that
+    faster-whisper's options keep working in every version; clients and servers that build
+    their options from the signature (``inspect.signature(model.transcribe)``) see
+    faster-whisper's parameters, as without ct2-flash.
+    """
+    def give(override: Callable) -> Callable:
+        override.__signature__ = inspect.signature(original)
+        return override
+    return give
+
+
+def constructor_signature(own: Callable, options: Optional[Callable] = None) -> inspect.Signature:
+    """What a constructor that takes ``*args, **kwargs`` and passes them on to faster-whisper's
+    accepts, in one signature: faster-whisper's parameters (with ``own``'s defaults where it
+    names them), then the keyword-only ones of ``options`` (default ``own``: ct2-flash's
+    options), then faster-whisper's ``**kwargs``."""
+    Parameter = inspect.Parameter
+    named = {p.name: p for p in inspect.signature(own).parameters.values() if p.kind is Parameter.POSITIONAL_OR_KEYWORD}
+    ours = [p for p in inspect.signature(options or own).parameters.values() if p.kind is Parameter.KEYWORD_ONLY]
+    taken = {p.name for p in ours}
+    theirs = list(inspect.signature(WhisperModel.__init__).parameters.values())
+    head = [p.replace(default=named[p.name].default) if p.name in named else p
+            for p in theirs if p.kind is not Parameter.VAR_KEYWORD and p.name not in taken]
+    tail = [p for p in theirs if p.kind is Parameter.VAR_KEYWORD]
+    return inspect.Signature(head + ours + tail)
 
 
 @dataclass
@@ -491,10 +521,11 @@ class FlashWhisperModel(WhisperModel):
                     "a one-thread copy" if self.decoder_split.split else "the encoder's model")
         return copy if self.decoder_split.split else self.model
 
+    @signature_of(WhisperModel.transcribe)
     def transcribe(self, audio, *args, **kwargs):
         """faster-whisper's ``transcribe()``, after ``audio.checked_audio``: bad audio raises
         ``AudioError`` (a ``ValueError``) naming the problem before anything is decoded, and
-        the model stays usable."""
+        the model stays usable. Its signature is faster-whisper's (``signature_of``)."""
         return super().transcribe(checked_audio(audio, self.feature_extractor.sampling_rate), *args, **kwargs)
 
     def window_features(self, audio: np.ndarray) -> np.ndarray:
@@ -551,6 +582,9 @@ class FlashWhisperModel(WhisperModel):
             self.model.recent.clear()
 
 
+FlashWhisperModel.__init__.__signature__ = constructor_signature(FlashWhisperModel.__init__)
+
+
 class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
     """faster-whisper's ``BatchedInferencePipeline`` whose ``transcribe()`` checks the audio
     first (``audio.checked_audio``), as ``FlashWhisperModel.transcribe`` does: a 2-D array,
@@ -558,6 +592,7 @@ class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
     faster-whisper's own class works with a ``FlashWhisperModel`` too; there, only NaN or
     infinite samples are caught (at the encoder, ``audio.check_features``)."""
 
+    @signature_of(faster_whisper.BatchedInferencePipeline.transcribe)
     def transcribe(self, audio, *args, **kwargs):
         return super().transcribe(checked_audio(audio, self.model.feature_extractor.sampling_rate), *args, **kwargs)
 

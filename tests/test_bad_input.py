@@ -38,6 +38,41 @@ def test_unreadable_and_missing_files_raise_clearly(float32_pair, tmp_path):
     assert segments_of(float32_pair.flash, str(cut), beam_size=1) == segments_of(float32_pair.baseline, str(cut), beam_size=1)
 
 
+def test_an_unreadable_file_raises_what_faster_whisper_raises_too(float32_pair, tmp_path):
+    """A client written for faster-whisper catches PyAV's exception: ours is an instance of the
+    very class faster-whisper raises, with its attributes, and an AudioError (a ValueError);
+    it survives pickling (servers hand errors across processes)."""
+    import pickle
+
+    bad = tmp_path / "not_audio.wav"
+    bad.write_text("this is not audio")
+    with pytest.raises(Exception) as theirs:
+        float32_pair.baseline.transcribe(str(bad))
+    with pytest.raises(AudioError) as ours:
+        float32_pair.flash.transcribe(str(bad))
+    assert type(theirs.value) is not AudioError and isinstance(ours.value, type(theirs.value))
+    assert isinstance(ours.value, ValueError)
+    for name in ("args", "errno", "strerror", "filename"):
+        assert getattr(ours.value, name) == getattr(theirs.value, name), name
+    again = pickle.loads(pickle.dumps(ours.value))
+    assert type(again) is type(ours.value) and str(again) == str(ours.value)
+    assert str(ours.value).startswith(f"cannot read audio {str(bad)!r}: {type(theirs.value).__name__}")
+
+
+def test_pyav_errors_of_the_os_family_stay_what_they_are():
+    """No class derives from both ValueError and OSError (their instances are laid out apart):
+    PyAV's OSError family is raised as faster-whisper raises it, our text added as a note."""
+    import av
+
+    from ct2_flash.audio import readable_error
+
+    error = av.error.BrokenPipeError(32, "Broken pipe", "f.ogg")
+    assert readable_error(error, "cannot read audio 'f.ogg'") is error
+    assert error.__notes__ == ["cannot read audio 'f.ogg'"]
+    invalid = readable_error(av.error.InvalidDataError(1, "bad", "g.ogg"), "cannot read audio 'g.ogg'")
+    assert isinstance(invalid, AudioError) and isinstance(invalid, av.error.InvalidDataError)
+
+
 @pytest.mark.parametrize("name, make, message", [
     ("nan", lambda a: np.where(np.arange(a.size) == 100, np.nan, a).astype(np.float32), "1 NaN or infinite"),
     ("inf", lambda a: np.where(np.arange(a.size) % 1000 == 0, np.inf, a).astype(np.float32), "NaN or infinite"),

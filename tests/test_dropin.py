@@ -98,6 +98,31 @@ def test_drop_in_decodes_as_faster_whisper_and_counts(installed, float32_pair, c
     json.dumps(report)
 
 
+def test_signatures_are_faster_whispers(installed):
+    """Clients that build their options from a signature see faster-whisper's: ``transcribe``,
+    ``detect_language`` and the pipeline's ``transcribe`` as they are there, the constructors
+    with faster-whisper's parameters first and ct2-flash's options keyword-only; and the
+    constructor's signature binds what faster-whisper's does."""
+    import inspect
+
+    installed()
+    original, pipeline = ORIGINALS["WhisperModel"], ORIGINALS["BatchedInferencePipeline"]
+    for ours, theirs in [(faster_whisper.WhisperModel.transcribe, original.transcribe),
+                         (faster_whisper.WhisperModel.detect_language, original.detect_language),
+                         (faster_whisper.BatchedInferencePipeline.transcribe, pipeline.transcribe),
+                         (ct2_flash.FlashWhisperModel.transcribe, original.transcribe)]:
+        assert inspect.signature(ours) == inspect.signature(theirs), ours.__qualname__
+    theirs = inspect.signature(original.__init__).parameters
+    for cls in (faster_whisper.WhisperModel, ct2_flash.FlashWhisperModel):
+        ours = inspect.signature(cls.__init__).parameters
+        assert list(ours)[:len(theirs) - 1] == list(theirs)[:-1] and list(ours)[-1] == list(theirs)[-1]
+        options = [p for p in ours.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        assert {"drafter", "num_draft_tokens", "stock_engine"} <= {p.name for p in options}
+    assert inspect.signature(faster_whisper.WhisperModel.__init__).parameters["model_size_or_path"].default \
+        is inspect.Parameter.empty
+    inspect.signature(faster_whisper.WhisperModel).bind("tiny.en", "cpu", 0, "int8", cpu_threads=2, drafter=None)
+
+
 def test_models_resolve_as_faster_whisper_resolves_them(model_path):
     assert resolve_like_faster_whisper(model_path) == model_path
     assert resolve_like_faster_whisper("tiny.en") == "tiny.en"  # the embedded copy, no network
