@@ -193,5 +193,8 @@ $PY bench/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt -
 # (needs bash scripts/install.sh --clients).
 $PY bench/clients.py --speech-set mfa --max-files 40 --compute-types int8 float32 --out $OUT/clients/clients.json
 
+# The loop's token scores against the engine's, per engine ISA (docs/exactness.md).
+$PY bench/score_accuracy.py --out $OUT/score_accuracy/score_accuracy.json
+
 # The tables docs/measurements.md quotes, from every runner result above.
 $PY bench/summarize.py $(find $OUT -name bench.json -not -path "*/earlier/*" | sort) > $OUT/summary.md

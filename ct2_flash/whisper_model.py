@@ -299,6 +299,8 @@ class SpeculativeWhisper:
         for index, prompt in enumerate(prompts):
             # Rows (and hypotheses) run one at a time: the patched decoder state has batch size 1.
             row = encoder_output if len(prompts) == 1 else ctranslate2.StorageView.from_array(rows[index : index + 1])
+            if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE:
+                self.decoder.confirm_score_isa(row, prompt)  # once per process
             decoded = [self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
                        for _ in range(options.num_hypotheses)]
             # CTranslate2 returns independent samples best score first (a stable sort).

@@ -5,7 +5,8 @@ reference of the kernel's order of operations, the ISA rule, and the committed g
 import numpy as np
 import pytest
 
-from ct2_flash.runtime.row_scores import LANE_WIDTHS, engine_isa, fold_lanes, log_softmax_at
+from ct2_flash.runtime import row_scores
+from ct2_flash.runtime.row_scores import LANE_WIDTHS, fold_lanes, isa_of, log_softmax_at
 
 
 def kernel_reference(row: np.ndarray, column: int, isa: str) -> np.float32:
@@ -65,22 +66,60 @@ def test_lane_widths_change_the_score_as_the_kernel_does():
     ({}, set(), "aarch64", "NEON"),
     ({}, set(), "ppc64le", "GENERIC"),
 ])
-def test_engine_isa_follows_ctranslate2s_dispatch(environ, flags, machine, isa):
-    if flags is None:  # /proc/cpuinfo unreadable
-        import ct2_flash.runtime.row_scores as row_scores
-
-        saved, row_scores._cpu_flags = row_scores._cpu_flags, lambda: None
-        try:
-            assert engine_isa(environ, None, machine) == isa
-        finally:
-            row_scores._cpu_flags = saved
-    else:
-        assert engine_isa(environ, flags, machine) == isa
+def test_the_isa_follows_ctranslate2s_dispatch(environ, flags, machine, isa):
+    assert isa_of(environ, flags, machine) == isa
 
 
 def test_an_unknown_forced_isa_is_named():
     with pytest.raises(ValueError, match="CT2_FORCE_CPU_ISA='AVX3'"):
-        engine_isa({"CT2_FORCE_CPU_ISA": "AVX3"})
+        isa_of({"CT2_FORCE_CPU_ISA": "AVX3"}, {"avx2"}, "x86_64")
+
+
+@pytest.fixture
+def fresh_decision(monkeypatch):
+    """The process's ISA decision, undecided, for one test."""
+    decision = row_scores._Decision()
+    monkeypatch.setattr(row_scores, "_decision", decision)
+    return decision
+
+
+def peaked_row() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    row = rng.normal(0, 3, size=(1, 51864)).astype(np.float32)
+    row[0, 5] = 25.0
+    return row
+
+
+def test_the_isa_is_decided_once_per_process(fresh_decision, monkeypatch):
+    calls = []
+    monkeypatch.setattr(row_scores, "_cpu_flags", lambda: calls.append(1) or {"avx", "avx2"})
+    monkeypatch.delenv("CT2_FORCE_CPU_ISA", raising=False)
+    assert row_scores.engine_isa() == row_scores.engine_isa() == "AVX2" and len(calls) == 1
+
+
+def test_no_cpu_flags_on_x86_is_said(fresh_decision, monkeypatch, caplog):
+    monkeypatch.setattr(row_scores, "_cpu_flags", lambda: None)
+    monkeypatch.setattr(row_scores.platform, "machine", lambda: "AMD64")
+    monkeypatch.delenv("CT2_FORCE_CPU_ISA", raising=False)
+    assert row_scores.engine_isa() == "AVX2"
+    assert "cannot read the CPU's feature flags" in caplog.text
+
+
+@pytest.mark.parametrize("engine_isa, kept, warning", [
+    ("AVX2", "AVX2", None),
+    ("AVX512", "AVX512", "scores as its AVX512 kernels do, not AVX2"),  # a release that dispatches AVX-512
+    ("GENERIC", "GENERIC", "scores as its GENERIC kernels do"),  # a build without dispatch
+    (None, "AVX2", "no known CTranslate2 kernel gives the engine's scores"),
+])
+def test_the_decided_isa_is_checked_against_a_score_of_the_engines(fresh_decision, caplog, engine_isa, kept, warning):
+    fresh_decision.isa = "AVX2"
+    row = peaked_row()
+    score = log_softmax_at(row, [5], engine_isa)[0] if engine_isa else log_softmax_at(row, [5], "AVX2")[0] + 1e-4
+    assert row_scores.confirm_isa(row, [5], [score]) == kept
+    assert row_scores.engine_isa() == kept and row_scores.isa_confirmed()
+    assert (warning in caplog.text) if warning else not caplog.text
+    # Once per process: a later disagreement changes nothing.
+    assert row_scores.confirm_isa(row, [5], [score + 1]) == kept
 
 
 def test_the_committed_graph_is_what_the_builder_writes():

@@ -156,6 +156,20 @@ def test_token_scores_follow_ctranslate2s_own_log_softmax(float32_pair, window):
     assert np.abs(ours - engine).mean() < 0.05 * np.abs(exact - engine).mean()
 
 
+@pytest.mark.parametrize("prompt_name", ["no timestamps", "previous text", "task tokens"])
+def test_the_engine_scores_as_the_decided_isa(float32_pair, window, monkeypatch, caplog, prompt_name):
+    """The check the first loop call makes: one generate() score against the loop's, the ISA
+    decided from the CPU's flags kept without a warning (on this machine's engine)."""
+    from ct2_flash.runtime import row_scores
+
+    monkeypatch.setattr(row_scores, "_decision", row_scores._Decision())
+    decided = row_scores.engine_isa()
+    flash = float32_pair.flash
+    flash.decoder.confirm_score_isa(window, prompts(flash)[prompt_name])
+    assert row_scores.isa_confirmed() and row_scores.engine_isa() == decided
+    assert "ct2-flash" not in caplog.text
+
+
 @pytest.mark.slow
 def test_token_scores_follow_the_engine_under_another_isa():
     """The scores follow the ISA CTranslate2 runs its kernels with, not only the default one:

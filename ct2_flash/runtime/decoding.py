@@ -25,7 +25,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
-from ct2_flash.runtime import governor
+from ct2_flash.runtime import governor, row_scores
 from ct2_flash.runtime.acceptance import Acceptance
 from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, timed_prefill
 from ct2_flash.runtime.draft_length import MAX_OFFERED, DraftLengthPolicy
@@ -161,6 +161,31 @@ class SpeculativeDecoder:
             max_initial_timestamp_id=special.timestamp_begin + options.max_initial_timestamp_index,
             sample_begin=layout.prefix_length,
         )
+
+    def confirm_score_isa(self, encoder_output, prompt: Sequence[int]) -> None:
+        """Check, once per process, that the loop scores rows as the engine does
+        (``row_scores.confirm_isa``): the first step after ``prompt``'s start tokens (its
+        previous text and forced prefix left out) on this window, scored by ``generate()`` and
+        by the loop's rules. One prefill and one ``generate()`` step; meaningful where the loop's
+        rows are single steps' (float32).
+
+        Args:
+            encoder_output: StorageView [1, frames, d_model].
+            prompt: a prompt of the call.
+        """
+        if row_scores.isa_confirmed():
+            return
+        special = self.runtime.special
+        layout = PromptLayout.of(prompt, special)
+        start = [int(t) for t in prompt[layout.sot_index : layout.start_index + 1]]
+        # CTranslate2 runs min(max_length // 2, max_length - start) steps: this is one.
+        result = self.runtime.model.generate(encoder_output, [start], beam_size=1, max_length=max(2, len(start)),
+                                             return_scores=True)[0]
+        chosen = result.sequences_ids[0][:1] or [special.eot]  # end of text: scored, not returned
+        block = self.rules_for(start, DecodingOptions()).choose_block(
+            self.runtime.start(encoder_output, start).next_logits[None], [], [])
+        if list(block.tokens[:1]) == chosen:
+            row_scores.confirm_isa(block.edited[:1], chosen, [result.scores[0]])
 
     def decode(self, encoder_output, prompt: Sequence[int], options: DecodingOptions,
                audio_frames: Optional[int] = None) -> DecodeResult:

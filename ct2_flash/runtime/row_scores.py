@@ -15,56 +15,134 @@ same structure: ONNX Runtime's Exp and an in-order CumSum per lane (``converters
 writes the graph), then the fold, the tail and the log here. What is left is the exp kernels'
 own rounding (ONNX Runtime's vs CTranslate2's Cephes polynomial), ~1e-7 in a score.
 
-The lane width follows the engine's ISA choice (``engine_isa``): CTranslate2 dispatches AVX2
-on any x86 CPU that has it, AVX-512 ones included (AVX-512 only when ``CT2_FORCE_CPU_ISA``
-asks for it). ONNX Runtime's own LogSoftmax, which scored the rows before, sums in an order
-of its own that also changes with the CPU's ISA: it came within ~5e-7 of the engine on an
-AVX2-only EPYC but 2.8e-5 away on an AVX-512 Xeon, as far as exact arithmetic is.
+The lane width follows the engine's ISA choice (``engine_isa``, decided once per process):
+CTranslate2 dispatches AVX2 on any x86 CPU that has it, AVX-512 ones included (AVX-512 only
+when ``CT2_FORCE_CPU_ISA`` asks for it); the first call the loop decodes checks that choice
+against one score of the engine's own (``confirm_isa``). ONNX Runtime's own LogSoftmax,
+which scored the rows before, sums in an order of its own that also changes with the CPU's
+ISA, and was as far from the engine as exact arithmetic on some of them (docs/exactness.md,
+"Scores follow the engine's own arithmetic").
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
+import threading
+from typing import Optional
 
 import numpy as np
+
+logger = logging.getLogger("ct2_flash")
 
 
 # The graph converters/row_graph.py writes.
 GRAPH_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "row_lane_sums.onnx")
 # CTranslate2's vector width (float32 lanes) per CPU ISA name, as CT2_FORCE_CPU_ISA spells them.
 LANE_WIDTHS = {"GENERIC": 1, "AVX": 8, "AVX2": 8, "AVX512": 16, "NEON": 4}
+# A candidate ISA matches the engine when its scores are this close: what is left between them
+# is the exp kernels' own rounding (~1e-7); lane widths move a peaked row's score by ~1e-5.
+ISA_MATCH = 1e-6
 
 
-def engine_isa(environ=None, cpu_flags=None, machine=None) -> str:
-    """The ISA CTranslate2 runs its CPU kernels with (``cpu_isa.cc``'s ``init_isa``).
-
-    Args:
-        environ: the environment (default ``os.environ``); ``CT2_FORCE_CPU_ISA`` wins.
-        cpu_flags: the CPU's feature flags (default: read from ``/proc/cpuinfo``; None there
-            means unknown, taken as AVX2 on x86).
-        machine: ``platform.machine()`` by default.
-    """
-    environ = os.environ if environ is None else environ
+def isa_of(environ, cpu_flags, machine: str) -> str:
+    """The ISA CTranslate2 chooses for its CPU kernels (``cpu_isa.cc``'s ``init_isa``) given
+    the environment (``CT2_FORCE_CPU_ISA`` wins), the CPU's feature flags (None: unknown,
+    taken as AVX2 on x86) and ``platform.machine()``."""
     forced = environ.get("CT2_FORCE_CPU_ISA", "")
     if forced:
         if forced not in LANE_WIDTHS:
             raise ValueError(f"CT2_FORCE_CPU_ISA={forced!r} is not an ISA CTranslate2 knows "
                              f"(one of {', '.join(sorted(LANE_WIDTHS))})")
         return forced
-    machine = (platform.machine() if machine is None else machine).lower()
+    machine = machine.lower()
     if machine in ("aarch64", "arm64"):
         return "NEON"
     if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
         return "GENERIC"
-    flags = _cpu_flags() if cpu_flags is None else set(cpu_flags)
-    if flags is None or "avx2" in flags:
+    if cpu_flags is None or "avx2" in cpu_flags:
         return "AVX2"
-    return "AVX" if "avx" in flags else "GENERIC"
+    return "AVX" if "avx" in cpu_flags else "GENERIC"
+
+
+class _Decision:
+    """The process's ISA: decided from the CPU once, then checked once against a score the
+    engine computed (``confirm_isa``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.isa: Optional[str] = None
+        self.confirmed = False
+
+
+_decision = _Decision()
+
+
+def engine_isa() -> str:
+    """The ISA this process's CTranslate2 runs its CPU kernels with, decided once: from
+    ``isa_of`` at the first call, or what ``confirm_isa`` found the engine computes."""
+    if _decision.isa is not None:  # decided: every scored block asks
+        return _decision.isa
+    with _decision.lock:
+        if _decision.isa is None:
+            flags = _cpu_flags()
+            machine = platform.machine()
+            if flags is None and machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
+                logger.warning("ct2-flash: cannot read the CPU's feature flags (no /proc/cpuinfo); scores take "
+                               "CTranslate2's AVX2 kernels until one score of the engine's is compared")
+            _decision.isa = isa_of(os.environ, flags, machine)
+        return _decision.isa
+
+
+def isa_confirmed() -> bool:
+    return _decision.confirmed
+
+
+def confirm_isa(rows: np.ndarray, columns, engine_scores) -> str:
+    """Check ``engine_isa()`` against scores CTranslate2 itself computed, once per process.
+
+    The ISA is derived from the CPU's flags, which is how CTranslate2 dispatches today; a build
+    without dispatch, a release that dispatches AVX-512, or a system without ``/proc/cpuinfo``
+    would give scores another lane width. Each candidate width scores ``rows`` here; the one
+    within ``ISA_MATCH`` of the engine's scores is kept (the decided one where several are, as
+    on rows whose sums drop no term). None within: a warning, since the loop's scores will then
+    differ from ``generate()``'s by about the difference, and the decided ISA stays.
+
+    Args:
+        rows: [r, v] float32 logits as the engine scored them (after the logit rules).
+        columns: [r] the tokens it chose.
+        engine_scores: [r] its log-probabilities of them.
+    Returns:
+        The ISA kept.
+    """
+    decided = engine_isa()
+    with _decision.lock:
+        if _decision.confirmed:
+            return _decision.isa
+        _decision.confirmed = True
+    engine_scores = np.asarray(engine_scores, dtype=np.float64)
+    candidates = ("NEON", "GENERIC") if decided == "NEON" else ("AVX2", "AVX512", "GENERIC")
+    distance = {isa: float(np.abs(log_softmax_at(rows, columns, isa) - engine_scores).max())
+                for isa in (decided,) + tuple(c for c in candidates if c != decided)}
+    if distance[decided] <= ISA_MATCH:
+        return decided
+    best = min(distance, key=distance.get)
+    if distance[best] <= ISA_MATCH:
+        logger.warning("ct2-flash: CTranslate2 scores as its %s kernels do, not %s as the CPU's flags suggest; "
+                       "scores follow %s", best, decided, best)
+        with _decision.lock:
+            _decision.isa = best
+        return best
+    logger.warning("ct2-flash: no known CTranslate2 kernel gives the engine's scores (closest: %s, %.1e away); the "
+                   "scores of rows the loop decides may differ from generate()'s by about that much (tokens do "
+                   "not change)", best, distance[best])
+    return decided
 
 
 def _cpu_flags():
+    """The CPU's feature flags from ``/proc/cpuinfo``; None where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
