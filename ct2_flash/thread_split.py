@@ -2,9 +2,9 @@
 or a one-thread copy (``FlashWhisperModel(decoder_threads="auto")``).
 
 The loop makes many small passes from Python. On some CPUs one thread runs them faster than
-several, and the encoder keeps all of its threads; on others (the AVX2-only AMD EPYC of the
-latest measurements, docs/usage.md "Decoder threads") two threads verify a block much faster than
-one, and a fixed split made every speculative call slower. Which way wins is the CPU's
+several, and the encoder keeps all of its threads; on others two threads verify a block much
+faster than one, and a fixed split made every speculative call slower (docs/usage.md "Decoder
+threads"). Which way wins is the CPU's
 business, so "auto" times the pass the loop makes most (anchor plus eight drafts, then the
 rollback) on both models and keeps the faster. The tokens are the same either way: int8 logits
 are bit-identical at any thread count.

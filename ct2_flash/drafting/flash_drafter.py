@@ -144,18 +144,18 @@ class FlashDrafter(Drafter):
             changes speed and acceptance, never the output.
         min_confidence: stop the proposal at the first position where the product of the
             drafter's probabilities so far falls below this (0 proposes all K). An unlikely
-            token rarely pays for its share of the verification: on held-out speech at int8,
-            0.1 cut proposals from 8 to 2.9 per round and verification from 12.3 to 9.7 ms
-            while tokens per target call fell only from 1.98 to 1.93
-            (``bench/results/earlier/drafter_tricks_int8.json``).
+            token rarely pays for its share of the verification: 0.1 cut proposals and
+            verification time by a third or more on held-out speech while tokens per target
+            call barely moved (docs/measurements.md, "Figures behind the code's constants").
         use_shortlist: score only the checkpoint's draft-head shortlist (False scores the
             whole vocabulary: slower, and only there to measure what the shortlist costs).
         threads: torch threads during the drafter's calls (restored afterwards). One is
             fastest next to CTranslate2's own threads: a round is too small to split, and a
             second torch pool competes with CTranslate2's for the same cores.
         bfloat16_keys: keep the window's encoder keys/values in bfloat16. The cross-attention
-            reads all 1500 of them per layer every round, and half the bytes cut a round from
-            4.8 to 3.5 ms (tiny.en, int8, one thread) with the same proposals on the test clip.
+            reads all 1500 of them per layer every round, and half the bytes cut a round by
+            about a quarter with the same proposals (docs/measurements.md, "Figures behind
+            the code's constants").
             Default: with "bfloat16", and with "int8" where ``bfloat16_is_fast()``.
         audio_window: (frames before, frames after) the target's reading position that a
             round's cross-attention reads (``audio_window_span``, as ``OnnxDrafter`` does), or

@@ -137,9 +137,10 @@ class OnnxDrafter(Drafter):
         device: "cpu", or "cuda" for ONNX Runtime's CUDA execution provider (onnxruntime-gpu).
         audio_window: (frames before, frames after) the position where the target reads (its
             alignment heads' attention peak) that a round's cross-attention reads, or None
-            for every frame of the window's audio. Cross-attention over 1,500 frames is most
-            of a round on a 30 s window; on real recordings a window of 200 frames proposed
-            as well as the whole window (``bench/draft_round.py``).
+            for every frame of the window's audio. Cross-attention over every frame is most
+            of a round on a 30 s window, and a window around the reading position proposes as
+            well as the whole window (docs/measurements.md, "Figures behind the code's
+            constants").
 
     Raises:
         CheckpointError: missing or unreadable files, with the command that rewrites them.
@@ -211,8 +212,8 @@ class OnnxDrafter(Drafter):
         self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})
         self._audio_span = (-1, -1)  # new arrays: bind whatever the span
         self._bind_audio(0, encoder_output.shape[1])
-        # Only sampling draws from the drafter's distribution; copying its [K, shortlist] logits
-        # out every greedy round cost ~0.2 ms.
+        # Only sampling draws from the drafter's distribution; greedy rounds need not pay for
+        # copying its [K, shortlist] logits out.
         self._bind_logits = self._vocabulary is not None and window.options.sampling
         self._bind_outputs(None)
         self._rows = 0

@@ -1,8 +1,7 @@
 """How many drafts a round asks for and verifies: expected tokens per second, measured.
 
 A round decides twice. Before the proposal it chooses k, the number of mask rows the drafter
-computes (its cost grows with them: ~0.15 ms a row on a ~1.1 ms base for the shipped drafter's
-int8 graph on one core). After it, knowing the drafter's confidences, it chooses n <= k, the
+computes (its cost grows with them). After it, knowing the drafter's confidences, it chooses n <= k, the
 number of drafts sent to verification. With q_j the probability that the target accepts
 position j given the ones before it, the expected output of verifying n drafts is
 
@@ -37,13 +36,12 @@ PRIOR_POSITION_ACCEPTANCE = 0.5
 COST_DECAY = 0.98
 POSITION_DECAY = 0.98
 # What one more row adds to a pass, as a fraction of the pass without it, assumed until passes
-# of different lengths were timed: a verified row ~7-10% of a single-token pass (CTranslate2,
-# tiny.en); a proposed row ~14% of a one-row proposal (the shipped drafter's int8 graph).
+# of different lengths were timed (the figures: docs/measurements.md, "Figures behind the code's constants").
 VERIFY_ROW_FRACTION = 0.1
 PROPOSE_ROW_FRACTION = 0.14
 # Offered tokens (a previous hypothesis of the same audio): the most verified in one block, and
-# the acceptance assumed per token until rounds were seen (86% of a re-decode's tokens stood in
-# the previous hypothesis on real speech).
+# the acceptance assumed per token until rounds were seen (most of a re-decode's tokens stand in
+# the previous hypothesis; the figure: docs/measurements.md, "Figures behind the code's constants").
 MAX_OFFERED = 32
 PRIOR_OFFERED_ACCEPTANCE = 0.85
 

@@ -8,12 +8,11 @@ from typing import Optional
 
 # After drafting stopped in a window, plain steps run for this many tokens before the governor
 # probes drafting again (a window's later speech may suit the drafter better than its start;
-# a probe that fails costs ~3 rounds' worth of overhead, a few percent of the stretch).
+# a probe that fails costs a few rounds' overhead, little against the stretch).
 RESUME_AFTER_TOKENS = 32
 
 # Until a single-token pass has been timed, a plain step is taken to cost this fraction of a
-# 9-token verification (measured with 2 CTranslate2 threads on tiny.en: 6.1 / 11.0 ms at int8,
-# 7.7 / 14.8 at float32; with one thread the ratio is nearer 0.8).
+# 9-token verification (the measured ratios: docs/measurements.md, "Figures behind the code's constants").
 STEP_OVER_VERIFY = 0.55
 
 

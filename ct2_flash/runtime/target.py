@@ -24,8 +24,8 @@ from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.runtime.logit_rules import SpecialTokens
 
 # Rows of the tied embedding used to recover decoder states from logits. Any d_model
-# independent rows determine the state exactly; 1024 make the solve well conditioned while
-# costing ~0.3 ms for a 9-row block (the full-vocabulary solve costs ~17 ms).
+# independent rows determine the state exactly; 1024 make the solve well conditioned at a small
+# fraction of the full-vocabulary solve's cost (the figures: docs/measurements.md, "Figures behind the code's constants").
 STATE_RECOVERY_ROWS = 1024
 
 
@@ -235,14 +235,15 @@ class TargetRuntime:
         """[n, STATE_RECOVERY_ROWS] columns of raw logits -> [n, d_model] float32 states."""
         self.prepare_recovery()
         # One thread: right after a CTranslate2 call its OpenMP workers still spin on the
-        # cores, and numpy's multithreaded BLAS fighting them turned this ~0.1 ms product into
-        # ~11 ms per round on 2 cores (tiny.en, int8).
+        # cores, and numpy's multithreaded BLAS fighting them made this small product a
+        # hundred times slower (docs/measurements.md, "Figures behind the code's constants").
         with self._blas.limit(limits=1):
             return np.asarray(columns, dtype=np.float32) @ self._recovery_pinv
 
     def prepare_recovery(self) -> None:
-        """Choose the recovery rows and solve their pseudo-inverse (~0.1-0.2 s, once). The
-        model does it when it is built, so that no decoded window pays for it."""
+        """Choose the recovery rows and solve their pseudo-inverse (once; a fraction of a
+        second for tiny.en). The model does it when it is built, so that no decoded window
+        pays for it."""
         if self._recovery_pinv is not None:
             return
         embedding = self.embedding()
