@@ -25,6 +25,8 @@ from draft_round import _timed
 
 from _common import machine, median_ms, write_result
 
+from ct2_flash.runtime.draft_length import DraftLengthPolicy
+
 
 def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
     """Median ms of ``drafter.propose`` for 1 .. K drafts, on ``audio``'s first window after
@@ -49,10 +51,15 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
             for rows in range(1, drafter.num_draft_tokens + 1)}
 
 
+class AllRows(DraftLengthPolicy):
+    """Asks the drafter for every row it may (the drafts verified still follow costs)."""
+
+    def rows(self, limit: int) -> int:
+        return limit
+
+
 def main() -> None:
-    from ct2_flash import FlashWhisperModel, resolve_model
-    from ct2_flash.runtime import governor
-    from ct2_flash.runtime.draft_length import DraftLengthPolicy
+    from ct2_flash import Adaptive, FlashWhisperModel, resolve_model
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
@@ -71,16 +78,15 @@ def main() -> None:
     utterances = [u for name in args.speech_sets for u in read_manifest(fetch(name, ""))][:: args.every]
     audio = load_audio(utterances)
     model_path = resolve_model("tiny.en")
-    # Both arms draft every round: a window the governor stopped would decode plain steps in one
-    # arm and not the other.
-    governor.DraftGovernor.pays = lambda self, step_seconds=None: True
+    # Both arms draft every round of every call (no pauses: a window the governor stopped would
+    # decode plain steps in one arm and not the other); only the draft lengths follow costs.
+    lengths_only = Adaptive(route_calls=False, pause_drafting=False, draft_lengths=True)
     document = {"what": __doc__.split("\n")[0], "drafter": os.path.abspath(args.drafter),
                 "utterances": len(utterances), "speech_sets": args.speech_sets, "every": args.every,
                 "threads": args.threads, "repeats": args.repeats,
                 "machine": machine(), "results": {}}
     for compute_type in args.compute_types:
         flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, near_exact=True, redecodes=False)
-        flash.model.policy.speculate = lambda batch_size: True  # every call through the loop
         drafter = OnnxDrafter(args.drafter, model_path)
         if not drafter.proposes_prefixes:
             parser.error(f"{args.drafter} was not trained with causal blocks: it always computes K rows")
@@ -89,16 +95,14 @@ def main() -> None:
             document["proposal_alone_ms_by_rows"] = proposal_alone_ms(flash, drafter, audio[utterances[0].path])
             print("proposal alone, ms by rows:", {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()})
         _timed(drafter, "propose", proposal_seconds)
-        arms = {"all K rows": lambda limit: limit, "rows the policy chooses": None}
+        arms = {"all K rows": AllRows, "rows the policy chooses": DraftLengthPolicy}
         runs = {name: [] for name in arms}
         texts = {}
-        with flash.use_drafter(drafter, adaptive=True):
+        with flash.use_drafter(drafter, adaptive=lengths_only):
             list(flash.transcribe(audio[utterances[0].path], beam_size=1, temperature=0.0)[0])  # warm-up
-            for _ in range(args.repeats):
-                for name, rows in arms.items():
-                    flash.decoder.lengths = DraftLengthPolicy()  # each arm learns afresh
-                    if rows is not None:
-                        flash.decoder.lengths.rows = rows
+        for _ in range(args.repeats):
+            for name, lengths in arms.items():
+                with flash.use_drafter(drafter, adaptive=lengths_only, lengths=lengths()):  # each arm learns afresh
                     flash.reset_spec_stats()
                     proposal_seconds.clear()
                     texts[name] = [" ".join(s.text for s in flash.transcribe(audio[u.path], beam_size=1,

@@ -12,7 +12,7 @@ from ct2_flash.audio import AudioError  # noqa: E402
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, PromptLookupDrafter, Proposal  # noqa: E402
 from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError  # noqa: E402
 from ct2_flash.engine.models import UnknownModelError, available_models, resolve_model  # noqa: E402
-from ct2_flash.runtime.decoding import SpeculativeDecoder  # noqa: E402
+from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder  # noqa: E402
 from ct2_flash.runtime.stats import SpecStats  # noqa: E402
 from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, load_drafter  # noqa: E402
 from ct2_flash.dropin import install, uninstall  # noqa: E402
@@ -21,6 +21,7 @@ from ct2_flash.dropin import install, uninstall  # noqa: E402
 # interface, the built-in one, the loader), models, the drop-in under programs that build
 # faster-whisper's class themselves, and the errors they may meet.
 __all__ = [
+    "Adaptive",
     "AudioError",
     "BatchedInferencePipeline",
     "CheckpointError",

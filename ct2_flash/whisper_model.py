@@ -25,7 +25,8 @@ import numpy as np
 from faster_whisper import WhisperModel
 
 from ct2_flash.audio import check_features, checked_audio
-from ct2_flash.runtime.decoding import SpeculativeDecoder
+from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
+from ct2_flash.runtime.draft_length import DraftLengthPolicy
 from ct2_flash.drafting.files import CheckpointError, check_adapted
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
 from ct2_flash.engine.models import embedded_name, resolve_model
@@ -244,7 +245,7 @@ class SpeculativeWhisper:
             # A seeded model samples in the loop only: which way a call goes depends on
             # timings, and the loop's draws do not (CTranslate2's would differ).
             repeatable = options.sampling and self.decoder.seeded
-            speculative = policy.speculate(len(prompts)) if self.decoder.adaptive and not repeatable else True
+            speculative = policy.speculate(len(prompts)) if self.decoder.adaptive.route_calls and not repeatable else True
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
         in_loop = speculative and self._loop.acquire(blocking=repeatable)
         started = time.perf_counter()
@@ -365,8 +366,9 @@ class FlashWhisperModel(WhisperModel):
             slower per token, and until it has been measured (``policy.SpeculationPolicy``:
             ``generate()`` first, the loop measured a few calls later), and pause drafting
             inside a window while it measures slower than plain steps
-            (``governor.DraftGovernor``). The tokens are the same either way. False drafts
-            every round of every call.
+            (``governor.DraftGovernor``), and choose draft lengths from measured costs. The
+            tokens are the same either way. False drafts every round of every call; an
+            ``Adaptive`` turns on only some of these.
         decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
             with this many CTranslate2 threads, while encoding (and any call that is not
             speculative) keeps ``cpu_threads``. The loop makes many small calls, for which one
@@ -430,7 +432,7 @@ class FlashWhisperModel(WhisperModel):
         *args,
         drafter: Union[Drafter, str, None] = None,
         num_draft_tokens: int = 8,
-        adaptive: bool = True,
+        adaptive: Union[bool, Adaptive] = True,
         decoder_threads: Union[int, str, None] = "auto",
         guard_margin: Optional[float] = None,
         seed: Optional[int] = None,
@@ -441,8 +443,6 @@ class FlashWhisperModel(WhisperModel):
         redecodes: bool = True,
         **kwargs,
     ) -> None:
-        if num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         if decoder_threads not in (None, "auto") and (isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int)
                                                      or decoder_threads < 1):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
@@ -450,16 +450,8 @@ class FlashWhisperModel(WhisperModel):
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
         drafter = _resolve_drafter(drafter, model_size_or_path, model_path, self.model.compute_type)
-        if drafter.vocab_size is not None and drafter.vocab_size != special.vocab_size:
-            raise ValueError(
-                f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens but the "
-                f"model in {model_path} has {special.vocab_size}: use a drafter trained for this model"
-            )
-        trained = getattr(drafter, "num_draft_tokens", None)
-        if trained is not None and num_draft_tokens > trained:
-            logger.warning("ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",
-                           num_draft_tokens, trained, trained)
-            num_draft_tokens = trained
+        # Its vocabulary and K: checked before any second model is loaded, by the loop's own check.
+        num_draft_tokens = checked_draft_count(drafter, special.vocab_size, num_draft_tokens)
         config = load_config(model_path)
         # Where the loop never runs (int8 without near_exact), no second model for it.
         loop_runs = inexact_reason(self.model.compute_type, near_exact) is None
@@ -559,15 +551,17 @@ class FlashWhisperModel(WhisperModel):
         ``generate()``, alignment): plain greedy on it is the output ct2-flash must equal."""
         return self.model._model
 
-    def use_drafter(self, drafter: Drafter, adaptive: bool = False,
-                    num_draft_tokens: Optional[int] = None) -> ContextManager[Drafter]:
+    def use_drafter(self, drafter: Drafter, adaptive: Union[bool, Adaptive] = False,
+                    num_draft_tokens: Optional[int] = None,
+                    lengths: Optional[DraftLengthPolicy] = None) -> ContextManager[Drafter]:
         """Decode with ``drafter`` inside the block, then restore the model's own
-        (``SpeculativeDecoder.use_drafter``: the vocabulary and K are checked).
+        (``SpeculativeDecoder.use_drafter``: the vocabulary and K are checked; ``lengths``, a
+        draft-length policy for the block).
 
         ``adaptive`` is off by default so that every call drafts every round: comparing
         drafters wants them exercised, not the timing-dependent policy and governor.
         """
-        return self.decoder.use_drafter(drafter, adaptive, num_draft_tokens)
+        return self.decoder.use_drafter(drafter, adaptive, num_draft_tokens, lengths)
 
     @property
     def spec_stats(self) -> SpecStats:

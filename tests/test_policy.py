@@ -95,16 +95,28 @@ def test_a_call_weighs_as_many_tokens_as_it_produced():
     assert policy.speculate(1) is False
 
 
-def test_without_adaptive_every_call_speculates(float32_pair, clips):
-    flash = float32_pair.flash
-    saved = flash.model.policy, flash.decoder.adaptive
-    flash.model.policy, flash.decoder.adaptive = ForcedGenerate(), False
-    try:
-        flash.reset_spec_stats()
+def test_without_adaptive_every_call_speculates(model_path, clips):
+    """adaptive=False: a policy that would send every call to generate() is not asked."""
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
+                              policy=ForcedGenerate(), adaptive=False)
+    segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
+    assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
+
+
+def test_the_adaptive_parts_turn_on_alone(model_path, clips):
+    """Adaptive(route_calls=False): the policy is not asked, every call speculates; with only
+    route_calls on, it is asked (and sends every call to generate() here)."""
+    from ct2_flash import Adaptive
+
+    for adaptive, speculated in [(Adaptive(route_calls=False), True),
+                                 (Adaptive(route_calls=True, pause_drafting=False, draft_lengths=False), False)]:
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
+                                  policy=ForcedGenerate(), adaptive=adaptive)
         segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
-        assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
-    finally:
-        flash.model.policy, flash.decoder.adaptive = saved
+        assert (flash.spec_stats.generate_calls > 0) is speculated
+        assert (flash.spec_stats.generate_rows == 0) is speculated
+    with pytest.raises(TypeError, match="adaptive must be True, False or a ct2_flash.Adaptive"):
+        Adaptive.of("yes")
 
 
 def test_batches_are_compared_with_generate_at_their_own_size():

@@ -192,12 +192,13 @@ def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_pat
 
 
 def test_use_drafter_swaps_and_restores(float32_pair, clips):
+    from ct2_flash import Adaptive
     from ct2_flash.validation.drafters import RandomDrafter
 
     flash = float32_pair.flash
     before, adaptive = flash.drafter, flash.decoder.adaptive
     with flash.use_drafter(RandomDrafter(51864, seed=1)) as drafter:
-        assert flash.drafter is drafter and flash.decoder.adaptive is False
+        assert flash.drafter is drafter and flash.decoder.adaptive == Adaptive(False, False, False)
         flash.reset_spec_stats()
         name = "clip01_slt.ogg"
         assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
@@ -205,6 +206,21 @@ def test_use_drafter_swaps_and_restores(float32_pair, clips):
     assert flash.drafter is before and flash.decoder.adaptive is adaptive
     with pytest.raises(ValueError, match="vocabulary of 100 tokens"):
         with flash.use_drafter(RandomDrafter(100, vocab_size_check=100)):
+            pass
+
+
+def test_use_drafter_checks_k_as_the_constructor_does(float32_pair, caplog):
+    """One check, one behaviour: more drafts than the drafter proposes are clamped with a
+    warning inside the block too (K is speed, not output); K < 1 is refused."""
+    flash = float32_pair.flash
+    before = flash.decoder.num_draft_tokens
+    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
+        with flash.use_drafter(flash.drafter, num_draft_tokens=12):
+            assert flash.decoder.num_draft_tokens == flash.drafter.num_draft_tokens == 8
+    assert any("proposes at most 8 per round" in r.getMessage() for r in caplog.records)
+    assert flash.decoder.num_draft_tokens == before
+    with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 1"):
+        with flash.use_drafter(flash.drafter, num_draft_tokens=0):
             pass
     assert flash.reference_model is flash.reference_model
 

@@ -10,7 +10,7 @@ right ~60% of the time), the exported round's precisions and cuts (``precision=f
 Specs:
     None: the model's shipped drafter (or ``PromptLookupDrafter`` when it has none);
     "builtin": ``PromptLookupDrafter``;
-    "oracle": ``testing.OracleDrafter`` on the model's reference (its own greedy output);
+    "oracle": ``validation.drafters.OracleDrafter`` on a copy of the target (its own greedy output);
     a directory: a converted drafter (``OnnxDrafter``) or a training checkpoint (``FlashDrafter``,
         also chosen for a converted one with the option ``runtime=pytorch``).
 """
@@ -60,15 +60,24 @@ def _checked(kind, options: Dict[str, Any], skip: Sequence[str] = ()) -> Dict[st
     return dict(options)
 
 
-def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str, model_path: str):
+def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str, model_path: str,
+                  compute_type: str = "default", threads: int = 0):
     """The drafter for ``FlashWhisperModel(drafter=...)``: ``spec`` itself when there are no
     options (the model resolves it as users' code does), otherwise the Drafter built with them.
-    The oracle is built later, on the model's reference (``attach_oracle``)."""
+    The oracle asks a CTranslate2 model of its own, loaded here with the target's
+    ``compute_type`` and ``threads``, for the target's greedy output (the model runs it with
+    ``adaptive=False``: it shows the loop's ceiling, so no call may go to ``generate()``)."""
     from ct2_flash.drafting.base import PromptLookupDrafter
 
     options = dict(options)
     if spec == ORACLE:
-        return None
+        import ctranslate2
+
+        from ct2_flash.validation.drafters import OracleDrafter
+
+        reference = ctranslate2.models.Whisper(model_path, device="cpu", compute_type=compute_type,
+                                               intra_threads=threads)
+        return OracleDrafter(reference, **_checked(OracleDrafter, options, skip=("reference_model",)))
     if spec == BUILTIN:
         return PromptLookupDrafter(**_checked(PromptLookupDrafter, options))
     if not options:
@@ -88,14 +97,3 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
     from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
 
     return FlashDrafter(load_checkpoint(directory, model_path), **_checked(FlashDrafter, options, skip=("model",)))
-
-
-def attach_oracle(flash, options: Dict[str, Any]) -> None:
-    """Give ``flash`` an ``OracleDrafter`` on its reference model, drafting every round of
-    every call (it shows the loop's ceiling, so the policy must not send calls to
-    ``generate()`` while it measures)."""
-    from ct2_flash.validation.drafters import OracleDrafter
-
-    flash.decoder.drafter = OracleDrafter(flash.reference_model,
-                                                **_checked(OracleDrafter, options, skip=("reference_model",)))
-    flash.decoder.adaptive = False

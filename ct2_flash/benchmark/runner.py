@@ -124,17 +124,14 @@ def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
 
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
     from ct2_flash.whisper_model import FlashWhisperModel
-    from ct2_flash.benchmark.drafters import ORACLE, attach_oracle, build_drafter
+    from ct2_flash.benchmark.drafters import ORACLE, build_drafter
 
-    options = dict(config.drafter_options)
-    flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
-                              guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
-                              drafter=build_drafter(config.drafter, options, config.model, path), adaptive=config.adaptive,
-                              draw_drafts=config.draw_drafts, near_exact=config.near_exact,
-                              stock_engine=config.stock_engine, redecodes=False)
-    if config.drafter == ORACLE:
-        attach_oracle(flash, options)
-    return flash
+    drafter = build_drafter(config.drafter, dict(config.drafter_options), config.model, path, compute_type, threads)
+    return FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
+                             guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
+                             drafter=drafter, adaptive=config.adaptive and config.drafter != ORACLE,
+                             draw_drafts=config.draw_drafts, near_exact=config.near_exact,
+                             stock_engine=config.stock_engine, redecodes=False)
 
 
 def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],

@@ -16,6 +16,7 @@ length_penalty.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from contextlib import contextmanager
@@ -33,6 +34,62 @@ from ct2_flash.runtime.logit_rules import LogitRules
 from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.strategies import Draft, GreedyAcceptance, Guard, SampledAcceptance
 from ct2_flash.runtime.target import PromptLayout, TargetRuntime
+
+
+logger = logging.getLogger("ct2_flash")
+
+
+def checked_draft_count(drafter: Drafter, vocab_size: int, num_draft_tokens: int) -> int:
+    """The one check of a drafter for a target, wherever one is set (the constructor,
+    ``use_drafter``): K, the drafts per round that will be asked of it.
+
+    Raises:
+        ValueError: the drafter was built for another vocabulary, or K < 1.
+    Returns:
+        ``num_draft_tokens``, or what the drafter proposes at most where that is fewer (with a
+        warning): K changes the speed, never the output, so a default K larger than a drafter
+        trained for fewer is not an error.
+    """
+    if drafter.vocab_size is not None and drafter.vocab_size != vocab_size:
+        raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, the model has "
+                         f"{vocab_size}: use a drafter trained for this model")
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    most = getattr(drafter, "num_draft_tokens", None)
+    if most is not None and num_draft_tokens > most:
+        logger.warning("ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",
+                       num_draft_tokens, most, most)
+        return most
+    return num_draft_tokens
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """Which of the loop's timing-driven choices are on; the tokens are the same whatever they
+    are. ``adaptive=True`` means all of them, ``False`` none (every call drafts every round and
+    verifies every proposed token); a benchmark that wants some passes one of these.
+
+    Attributes:
+        route_calls: each call goes the way measured faster, the loop or CTranslate2's
+            ``generate()`` (``policy.SpeculationPolicy``; the model adapter asks it).
+        pause_drafting: drafting pauses for a stretch of a window while it measures slower
+            than plain steps, then is probed again (``governor.DraftGovernor``).
+        draft_lengths: the rows asked of the drafter and the drafts verified per round follow
+            measured costs (``draft_length.DraftLengthPolicy``); off: K rows, all verified.
+    """
+
+    route_calls: bool = True
+    pause_drafting: bool = True
+    draft_lengths: bool = True
+
+    @classmethod
+    def of(cls, value: Union[bool, "Adaptive"]) -> "Adaptive":
+        """``value`` as an Adaptive (True: all on, False: all off), checked once."""
+        if isinstance(value, Adaptive):
+            return value
+        if not isinstance(value, bool):
+            raise TypeError(f"adaptive must be True, False or a ct2_flash.Adaptive, not {value!r}")
+        return cls(value, value, value)
 
 
 @dataclass(frozen=True)
@@ -55,12 +112,14 @@ class SpeculativeDecoder:
 
     Args:
         runtime: the target.
-        drafter: the drafter (checked against the target's vocabulary by the caller).
-        num_draft_tokens: K, the most tokens proposed per round (>= 1).
+        drafter: the drafter (``checked_draft_count``: its vocabulary must be the target's).
+        num_draft_tokens: K, the most tokens proposed per round (>= 1; more than the drafter
+            proposes is clamped to that, with a warning).
         stats: counters to update.
-        adaptive: stop drafting for a stretch of a window once the ``DraftGovernor`` finds it
-            slower than plain steps, then probe it again, and choose draft lengths from
-            measured costs (timing-dependent, so off by default; the model adapter turns it on).
+        adaptive: the timing-driven choices (``Adaptive``; True: all, False: none): pausing
+            drafting in a window the ``DraftGovernor`` finds slower than plain steps, draft
+            lengths from measured costs, and the adapter's per-call routing (off by default
+            here; the model adapter turns them on).
         guard_margin: a row of a multi-token pass whose choice is closer than this (in logits,
             see ``LogitRules.choose``) to going another way is decided again by a single-token
             pass, which is what greedy ``generate()`` computes (``strategies.Guard``).
@@ -86,10 +145,9 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
-                 adaptive: bool = False, guard_margin: Union[float, Sequence[float]] = 0.0, seed: Optional[int] = None,
+                 adaptive: Union[bool, Adaptive] = False, guard_margin: Union[float, Sequence[float]] = 0.0, seed: Optional[int] = None,
                  draw_drafts: bool = True):
-        if num_draft_tokens < 1:
-            raise ValueError("num_draft_tokens must be >= 1")
+        num_draft_tokens = checked_draft_count(drafter, runtime.special.vocab_size, num_draft_tokens)
         margins = np.atleast_1d(np.asarray(guard_margin, dtype=np.float64))
         if margins.ndim != 1 or margins.size == 0 or not np.all(margins >= 0.0):
             raise ValueError(f"guard_margin must be >= 0 (a number or one per block row), got {guard_margin!r}")
@@ -103,7 +161,7 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
         self.stats = stats
-        self.adaptive = adaptive
+        self.adaptive = Adaptive.of(adaptive)
         # Measured cost of a single-token target pass (rounds with nothing proposed and plain
         # steps are such passes); None until one has run.
         self.step_seconds: Optional[float] = None
@@ -117,31 +175,26 @@ class SpeculativeDecoder:
         return self._guard_margin
 
     @contextmanager
-    def use_drafter(self, drafter: Drafter, adaptive: bool = False,
-                    num_draft_tokens: Optional[int] = None) -> Iterator[Drafter]:
-        """Decode with ``drafter`` (and ``adaptive``, and K = ``num_draft_tokens`` if given)
-        inside the block, then restore all three: the one way to swap a drafter in.
+    def use_drafter(self, drafter: Drafter, adaptive: Union[bool, Adaptive] = False,
+                    num_draft_tokens: Optional[int] = None,
+                    lengths: Optional[DraftLengthPolicy] = None) -> Iterator[Drafter]:
+        """Decode with ``drafter`` (and ``adaptive``, K = ``num_draft_tokens`` and the
+        draft-length policy ``lengths``, where given) inside the block, then restore them all:
+        the one way to swap a drafter in. Checked as the constructor checks
+        (``checked_draft_count``).
 
         Raises:
-            ValueError: the drafter was built for another vocabulary, or proposes fewer tokens
-                than K asks for.
+            ValueError: the drafter was built for another vocabulary, or K < 1.
         """
-        vocab_size = self.runtime.special.vocab_size
-        if drafter.vocab_size is not None and drafter.vocab_size != vocab_size:
-            raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, "
-                             f"the model has {vocab_size}")
-        count = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-        if count < 1:
-            raise ValueError("num_draft_tokens must be >= 1")
-        most = getattr(drafter, "num_draft_tokens", None)
-        if most is not None and count > most:
-            raise ValueError(f"num_draft_tokens={count} asks for more drafts than the drafter proposes ({most})")
-        saved = (self.drafter, self.adaptive, self.num_draft_tokens)
-        self.drafter, self.adaptive, self.num_draft_tokens = drafter, adaptive, count
+        count = checked_draft_count(drafter, self.runtime.special.vocab_size,
+                                    self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens)
+        chosen = (drafter, Adaptive.of(adaptive), count, self.lengths if lengths is None else lengths)
+        saved = (self.drafter, self.adaptive, self.num_draft_tokens, self.lengths)
+        self.drafter, self.adaptive, self.num_draft_tokens, self.lengths = chosen
         try:
             yield drafter
         finally:
-            self.drafter, self.adaptive, self.num_draft_tokens = saved
+            self.drafter, self.adaptive, self.num_draft_tokens, self.lengths = saved
 
     def rules_for(self, prompt: Sequence[int], options: DecodingOptions) -> LogitRules:
         """The logit processor chain CTranslate2 builds for this prompt and these options."""
@@ -213,7 +266,9 @@ class SpeculativeDecoder:
         # A seeded sampled call keeps its passes' shapes free of timings: a multi-token row
         # need not equal a single step bit for bit (float32 GEMMs may sum in another order for
         # another row count), so draft lengths chosen from measured costs could move a sample.
-        state.adaptive = self.adaptive and not (options.sampling and self.seeded)
+        fixed = options.sampling and self.seeded
+        state.lengths = self.adaptive.draft_lengths and not fixed
+        state.pausing = self.adaptive.pause_drafting and not fixed
         state.strategy = self._strategy(options, len(state.generated) + max(state.steps_left, 0) + 1)
 
         # The engine returns its alignment attention with each pass only for drafters that use it.
@@ -285,17 +340,17 @@ class SpeculativeDecoder:
             return Draft()
         # Tokens known for free (a previous hypothesis of this audio) go first, as a long block.
         offered = drafter.offered(state.generated, min(MAX_OFFERED, state.steps_left - 1))
-        verified = self.lengths.offered(len(offered)) if state.adaptive else len(offered)
+        verified = self.lengths.offered(len(offered)) if state.lengths else len(offered)
         if verified:
             tokens = tuple(offered[:verified])
             draft = state.strategy.drafts(Proposal(tokens=tokens), tokens, (), state.rules, state.generated)
             return dataclasses.replace(draft, offered=True)
-        if state.adaptive and self.drafter.proposes_prefixes:
+        if state.lengths and self.drafter.proposes_prefixes:
             # The proposal's cost grows with its rows: ask only for those likely to pay.
             count = self.lengths.rows(count)
         proposal = drafter.propose(state.generated, count)
         drafts, confidences = proposal.tokens[:count], proposal.log_probs[:count]
-        if state.adaptive and len(confidences) == len(drafts):
+        if state.lengths and len(confidences) == len(drafts):
             # Verify as many as pay for their rows (the proposal itself is paid already).
             verified = self.lengths.choose(confidences)
             drafts, confidences = drafts[:verified], confidences[:verified]
@@ -353,7 +408,7 @@ class SpeculativeDecoder:
         if state.finished or not state.drafting:
             return
         state.governor.record(outcome.emitted, clock.elapsed, clock.drafter_seconds, clock.verify_seconds)
-        if state.adaptive and not state.governor.pays(self.step_seconds):
+        if state.pausing and not state.governor.pays(self.step_seconds):
             # Plain steps for a while; the drafter's history is kept complete so that a
             # later stretch of the window, where drafting may pay, can be probed again.
             state.drafting = False
@@ -375,7 +430,8 @@ class _Decoding:
     options: DecodingOptions = field(default_factory=DecodingOptions)
     strategy: object = None  # GreedyAcceptance or SampledAcceptance (``strategies``)
     steps_left: int = 0
-    adaptive: bool = False  # draft lengths and the governor follow measured costs
+    lengths: bool = False  # draft lengths follow measured costs (Adaptive.draft_lengths)
+    pausing: bool = False  # the governor may pause drafting (Adaptive.pause_drafting)
     log_prob_sum: float = 0.0
     sampled: bool = False
     drafting: bool = True
