@@ -57,7 +57,6 @@ def main() -> None:
     from ct2_flash.runtime import decoding, logit_rules
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.runtime.stats import SpecStats
 
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
     model = FlashWhisperModel("tiny.en", stock_engine=False, compute_type="int8", cpu_threads=2, near_exact=True, redecodes=False)  # the int8 loop itself
@@ -65,9 +64,9 @@ def main() -> None:
     blocks = []
     accept = decoding._Decoding.accept
 
-    def recording_accept(state, draft, logits, stats):
-        blocks.append((logits.copy(), list(state.generated), draft, state.rules, state.options, state.strategy))
-        return accept(state, draft, logits, stats)
+    def recording_accept(state, draft, logits):
+        blocks.append((logits.copy(), list(state.generated), draft, state.rules, state.strategy))
+        return accept(state, draft, logits)
 
     def transcribe_all() -> None:
         with model.use_drafter(model.drafter):  # every round drafts
@@ -101,13 +100,13 @@ def main() -> None:
         decoding._Decoding.accept = accept
     replay: collections.Counter = collections.Counter()
     for _ in range(3):
-        for logits, generated, draft, rules, options, strategy in blocks:
+        for logits, generated, draft, rules, strategy in blocks:
             rows = logits.copy()
-            state = decoding._Decoding(rules=rules, generated=list(generated), options=options, strategy=strategy,
+            state = decoding._Decoding(rules=rules, generated=list(generated), strategy=strategy,
                                        steps_left=1 << 20)
             started = time.perf_counter()
             runtime.state_columns(rows)
-            state.accept(draft, rows, SpecStats())
+            state.accept(draft, rows)
             replay["accept and state columns"] += time.perf_counter() - started
     replayed = {key: 1000 * seconds / (3 * len(blocks)) for key, seconds in replay.items()}
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Optional
 
 import ctranslate2
 import numpy as np
 
 from ct2_flash.policy import EnginePolicy, produced_tokens
+from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
 
 logger = logging.getLogger("ct2_flash")
@@ -83,17 +83,20 @@ class Engines:
         greedy = remote and _greedy(options)
         with self._choosing:
             patched = not remote or (greedy and self.policy.patched(len(prompts)))
-        failures, started = self.stock_failures, time.perf_counter()
-        if not patched:
-            try:
-                results = self.stock.generate(encoder_output, prompts, options)
-                self._served("stock", greedy, len(prompts), started, results)
-                return results
-            except StockUnavailable as error:
-                self._failed(error)
-        results = self.model.generate(self.local(encoder_output), prompts, **options)
-        # A call the worker failed (re-encoded here) is no measure of the patched decoder.
-        self._served("patched", greedy and self.stock_failures == failures, len(prompts), started, results)
+        failures = self.stock_failures
+        results = None
+        with Stopwatch() as watch:  # from the first try: a failed worker call is part of the cost
+            if not patched:
+                try:
+                    results = self.stock.generate(encoder_output, prompts, options)
+                    engine, measured = "stock", greedy
+                except StockUnavailable as error:
+                    self._failed(error)
+            if results is None:
+                results = self.model.generate(self.local(encoder_output), prompts, **options)
+                # A call the worker failed (re-encoded here) is no measure of the patched decoder.
+                engine, measured = "patched", greedy and self.stock_failures == failures
+        self._served(engine, measured, len(prompts), watch.seconds, results)
         return results
 
     def detect_language(self, features, *args, **kwargs):
@@ -113,8 +116,7 @@ class Engines:
         return self.model.align(self.local(features), start_sequence, text_tokens, num_frames,
                                 median_filter_width=median_filter_width)
 
-    def _served(self, engine: str, measured: bool, rows: int, started: float, results) -> None:
-        seconds = time.perf_counter() - started
+    def _served(self, engine: str, measured: bool, rows: int, seconds: float, results) -> None:
         tokens = produced_tokens(results)
         with self._choosing:
             self.generate_calls[engine] += 1

@@ -13,10 +13,11 @@ are bit-identical at any thread count.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from ct2_flash.runtime.clock import Stopwatch
 
 # Interleaved timings per model; the first pass of each is a warm-up and not counted.
 REPEATS = 6
@@ -38,10 +39,10 @@ class SplitChoice:
 
 
 def _pass(model, state, length: int) -> float:
-    started = time.perf_counter()
-    model.forward_batch(state, _BLOCK)
-    state.truncate_to_step(length)
-    return time.perf_counter() - started
+    with Stopwatch() as watch:
+        model.forward_batch(state, _BLOCK)
+        state.truncate_to_step(length)
+    return watch.seconds
 
 
 def measure_split(shared, one_thread, d_model: int, frames: int = 1500) -> SplitChoice:

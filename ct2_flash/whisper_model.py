@@ -14,7 +14,6 @@ import inspect
 import logging
 import os
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
@@ -25,6 +24,7 @@ import numpy as np
 from faster_whisper import WhisperModel
 
 from ct2_flash.audio import check_features, checked_audio
+from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
 from ct2_flash.runtime.draft_length import DraftLengthPolicy
 from ct2_flash.drafting.files import CheckpointError, check_adapted
@@ -198,10 +198,10 @@ class SpeculativeWhisper:
 
     def encode(self, features, to_cpu: bool = False):
         check_features(features)
-        started = time.perf_counter()
-        output = self.engines.encode(features, to_cpu=to_cpu)
+        with Stopwatch() as watch:
+            output = self.engines.encode(features, to_cpu=to_cpu)
         with self._counting:
-            self.stats.encoder_seconds += time.perf_counter() - started
+            self.stats.encoder_seconds += watch.seconds
         fingerprint = window_fingerprint(features) if self.recent is not None else None
         self._encoded_audio.last = (output, audio_frames(features), fingerprint)
         return output
@@ -248,23 +248,22 @@ class SpeculativeWhisper:
             speculative = policy.speculate(len(prompts)) if self.decoder.adaptive.route_calls and not repeatable else True
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
         in_loop = speculative and self._loop.acquire(blocking=repeatable)
-        started = time.perf_counter()
         try:
-            if in_loop:
-                results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
-            else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                results = self.engines.generate(encoder_output, prompts, **kwargs)
+            with Stopwatch() as watch:
+                if in_loop:
+                    results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
+                else:  # speculation measured slower (or is busy): the very call faster-whisper makes
+                    results = self.engines.generate(encoder_output, prompts, **kwargs)
         finally:
             if in_loop:
                 self._loop.release()
         tokens = produced_tokens(results)
         with self._counting:
-            seconds = time.perf_counter() - started
             if not in_loop:
                 self.stats.generate_rows += len(prompts)
-                self.stats.generate_seconds += seconds
+                self.stats.generate_seconds += watch.seconds
                 self.stats.busy_calls += int(speculative)
-            policy.record(in_loop, len(prompts), seconds, tokens)
+            policy.record(in_loop, len(prompts), watch.seconds, tokens)
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
             layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
             decoded = results[0].sequences_ids[0]

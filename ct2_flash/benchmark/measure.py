@@ -3,6 +3,10 @@
 Used by the demo and the benchmark so both systems are measured the same way. The decode part
 is the time spent in ``generate()`` (encoder output to last token); the whole path is waveform
 to final segments, features, encoder, VAD and word alignment included.
+
+The one module that keeps its own timers (``time.perf_counter``) instead of
+``runtime.clock.Stopwatch``: the stock worker loads this file alone, on stock ctranslate2,
+where importing ``ct2_flash`` fails by design (``benchmark/stock_worker.py``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,63 @@
-"""The one place the loop's time split is measured: timed stand-ins for the target sequence and
-the drafter.
+"""The one place time is measured: timed stand-ins for the target sequence and the drafter, the
+decode call's own bookkeeping, and a stopwatch for everything else that times a block.
 
 The decode loop calls the target and the drafter only through ``TimedTarget`` and
 ``TimedDrafter``; each call's wall time goes into ``SpecStats`` (``verify_seconds``: the
 engine's passes and rollbacks; ``drafter_seconds``: the drafter's calls and the state recovery
 that feeds it) and into a ``RoundClock``, which hands the governor and the draft-length policy
-what one round cost. The round itself then reads as the algorithm, with no timers in it.
+what one round cost; ``call_bookkeeping`` adds what the loop itself spent (``other_seconds``).
+The round itself then reads as the algorithm, with no timers in it. ``Stopwatch`` times the
+rest (the encoder, ``generate()`` calls, the thread-split measurement, benchmark passes).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.runtime.stats import SpecStats
+
+
+class Stopwatch:
+    """Wall seconds of a block (``time.perf_counter``)::
+
+        with Stopwatch() as watch:
+            ...
+        watch.seconds  # the block's; watch.elapsed while it runs
+
+    ``seconds`` is set when the block ends, also when it raises.
+    """
+
+    __slots__ = ("started", "seconds")
+
+    def __enter__(self) -> "Stopwatch":
+        self.started, self.seconds = time.perf_counter(), 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self.started
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@contextmanager
+def call_bookkeeping(stats: SpecStats) -> Iterator[None]:
+    """Around one decode call: adds to ``stats.other_seconds`` the call's wall time less what
+    the engine and the drafter spent in it (the loop's own bookkeeping)."""
+    spent_before = stats.verify_seconds + stats.drafter_seconds
+    with Stopwatch() as watch:
+        try:
+            yield
+        finally:
+            spent = stats.verify_seconds + stats.drafter_seconds - spent_before
+            stats.other_seconds += watch.elapsed - spent
 
 
 @dataclass

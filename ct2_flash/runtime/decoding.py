@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
@@ -28,7 +27,7 @@ import numpy as np
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
 from ct2_flash.runtime import governor, row_scores
 from ct2_flash.runtime.acceptance import Acceptance
-from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, timed_prefill
+from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
 from ct2_flash.runtime.draft_length import MAX_OFFERED, DraftLengthPolicy
 from ct2_flash.runtime.logit_rules import LogitRules
 from ct2_flash.runtime.stats import SpecStats
@@ -251,17 +250,18 @@ class SpeculativeDecoder:
             audio_frames: encoder frames that hold audio (the rest is padding), if known;
                 only the drafter uses it.
         """
-        started, clock = time.perf_counter(), RoundClock()
-        stats, special = self.stats, self.runtime.special
-        spent_before = stats.verify_seconds + stats.drafter_seconds
-        prompt = [int(t) for t in prompt]
+        with call_bookkeeping(self.stats):
+            return self._decode(encoder_output, [int(t) for t in prompt], options, audio_frames)
+
+    def _decode(self, encoder_output, prompt: List[int], options: DecodingOptions,
+                audio_frames: Optional[int]) -> DecodeResult:
+        clock, stats, special = RoundClock(), self.stats, self.runtime.special
         layout = PromptLayout.of(prompt, special)
         max_steps = layout.max_steps(options.max_length)
         if max_steps == 0:
             raise ValueError("The maximum decoding length must be > 0")  # CTranslate2's check
         # Forced prefix tokens are part of the output and count against the budget.
-        state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :],
-                          options=options)
+        state = _Decoding(rules=self.rules_for(prompt, options), generated=prompt[layout.start_index + 1 :])
         state.steps_left = max_steps - len(state.generated)
         # A seeded sampled call keeps its passes' shapes free of timings: a multi-token row
         # need not equal a single step bit for bit (float32 GEMMs may sum in another order for
@@ -281,7 +281,8 @@ class SpeculativeDecoder:
             # no step at all): nothing is sampled and the score stays 0.
             state.generated = state.generated[: max(0, max_steps)]
         else:
-            state.accept(Draft(), prefill.next_logits[None].copy(), stats)  # the first token: the first anchor
+            first = state.accept(Draft(), prefill.next_logits[None].copy())  # the first token: the first anchor
+            stats.emitted += first.emitted
             if not state.finished:
                 window = DraftWindow(encoder_output=_window_array(encoder_output), prompt=tuple(prompt),
                                      options=options, eot=special.eot, audio_frames=audio_frames)
@@ -291,9 +292,6 @@ class SpeculativeDecoder:
                 draft, outcome = self._round(state, target, drafter)
                 self._learn(state, draft, outcome, clock)
             stats.generate_calls += 1
-
-        # The loop's own bookkeeping: what neither the engine nor the drafter spent.
-        stats.other_seconds += time.perf_counter() - started - (stats.verify_seconds + stats.drafter_seconds - spent_before)
         # CTranslate2 keeps no end-of-text in hypotheses, even one forced by a prefix.
         tokens = [token for token in state.generated if token != special.eot]
         score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
@@ -313,14 +311,17 @@ class SpeculativeDecoder:
 
     def _round(self, state: "_Decoding", target: TimedTarget, drafter: TimedDrafter) -> Tuple[Draft, Acceptance]:
         """One round: propose -> verify -> accept -> roll back -> advance."""
-        if state.resumes_drafting():
+        resumed = state.resumes_drafting()
+        if resumed:
             self._resume_drafting(state, drafter, target.length)
         draft = self._propose(state, drafter)
+        if resumed:
+            draft = dataclasses.replace(draft, resumed=True)
         cache_length = target.length
         logits = target.verify([state.generated[-1], *draft.tokens])  # [1 + n, vocab]
         # The drafter's states come from the raw rows; the logit rules then edit them in place.
         columns = self.runtime.state_columns(logits) if drafter.needs_states else None
-        outcome = state.accept(draft, logits, self.stats)
+        outcome = state.accept(draft, logits)
         kept = state.strategy.guard.cache_rows(outcome)
         target.rollback(cache_length + kept)
         if not state.finished:
@@ -377,12 +378,13 @@ class SpeculativeDecoder:
         state.governor = governor.DraftGovernor()
         state.drafting = True
         state.resume_at = math.inf
-        self.stats.drafting_resumed += 1
 
     def _learn(self, state: "_Decoding", draft: Draft, outcome: Acceptance, clock: RoundClock) -> None:
         """After a round: its counters, what the draft-length policy and the guard learn from
         it, and the governor's verdict on drafting in this window."""
         stats = self.stats
+        stats.emitted += outcome.emitted
+        stats.drafting_resumed += int(draft.resumed)
         state.strategy.guard.after_round(outcome)
         if draft.rows:
             stats.draft_rounds += 1
@@ -427,7 +429,6 @@ class _Decoding:
 
     rules: LogitRules
     generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
-    options: DecodingOptions = field(default_factory=DecodingOptions)
     strategy: object = None  # GreedyAcceptance or SampledAcceptance (``strategies``)
     steps_left: int = 0
     lengths: bool = False  # draft lengths follow measured costs (Adaptive.draft_lengths)
@@ -447,7 +448,7 @@ class _Decoding:
         """Drafting stopped in this window and its probe is due."""
         return not self.drafting and len(self.generated) >= self.resume_at
 
-    def accept(self, draft: Draft, logits: np.ndarray, stats: SpecStats) -> Acceptance:
+    def accept(self, draft: Draft, logits: np.ndarray) -> Acceptance:
         """Accept drafts against the target's rows and append what the round produces.
 
         Args:
@@ -467,7 +468,6 @@ class _Decoding:
         self.log_prob_sum += float(np.sum(choice.log_probs(emitted), dtype=np.float64)) if emitted else 0.0
         self.steps_left -= len(emitted)
         self.sampled = True
-        stats.emitted += len(emitted)
         return outcome
 
 

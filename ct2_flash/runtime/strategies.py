@@ -31,6 +31,7 @@ class Draft:
         rows: draft positions the drafter was asked to compute (0: no proposal this round).
         drawn: the drafts were drawn from the drafter's own distribution.
         offered: the drafts were offered (``Drafter.offered``), not proposed.
+        resumed: drafting resumed in its window with this round (a probe after a pause).
     """
 
     tokens: Sequence[int] = ()
@@ -39,6 +40,7 @@ class Draft:
     rows: int = 0
     drawn: bool = False
     offered: bool = False
+    resumed: bool = False
 
 
 class Guard:
