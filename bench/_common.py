@@ -11,9 +11,9 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from ct2_flash.benchmark.runner import machine  # the CPU a figure came from: one definition for runner and scripts
+from ct2_flash.benchmark.machine import machine  # the CPU a figure came from: one definition for runner and scripts
 
 # The committed test clips (tests/data), which several scripts measure on.
 TEST_CLIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
@@ -40,6 +40,44 @@ def lowest_median_ms(function: Callable[[], Any], repeats: int, groups: int = 4,
         function()
     per_group = max(1, repeats // groups)
     return 1000 * min(statistics.median(timed(function)[0] for _ in range(per_group)) for _ in range(groups))
+
+
+def interleaved(systems: Dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> Dict[str, List[Any]]:
+    """Each system's call ``warmup`` times untimed, then ``repeats`` rounds in which every
+    system runs once in turn, so that load drift hits all of them alike; returns per system
+    what its calls returned (seconds, or a measurement), in order."""
+    for _ in range(warmup):
+        for call in systems.values():
+            call()
+    results: Dict[str, List[Any]] = {name: [] for name in systems}
+    for _ in range(repeats):
+        for name, call in systems.items():
+            results[name].append(call())
+    return results
+
+
+def time_calls(owner: Any, name: str, record: Callable[[float], None]) -> Callable[[], None]:
+    """Patch ``owner.name`` (a class or an instance) so that each call's wall seconds go to
+    ``record``; returns the function that undoes the patch."""
+    function = getattr(owner, name)
+    had_own = name in getattr(owner, "__dict__", {})
+
+    def timed_call(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - started)
+
+    setattr(owner, name, timed_call)
+
+    def undo() -> None:
+        if had_own:
+            setattr(owner, name, function)
+        else:  # an instance patch over its class's method: drop it
+            delattr(owner, name)
+
+    return undo
 
 
 def write_result(path: str, document: Dict[str, Any], echo: Optional[Iterable[str]] = None) -> None:

@@ -25,25 +25,9 @@ import time
 
 import numpy as np
 
-from _common import machine, write_result
+from _common import machine, time_calls, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _timed(owner, name: str, key: str, totals: collections.Counter, patched: list) -> None:
-    """Add the wall time of every call of ``owner.name`` to ``totals[key]`` (a class or instance
-    patch, recorded in ``patched`` to be undone)."""
-    function = getattr(owner, name)
-    patched.append((owner, name, function))
-
-    def wrapper(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            totals[key] += time.perf_counter() - started
-
-    setattr(owner, name, wrapper)
 
 
 def main() -> None:
@@ -75,17 +59,21 @@ def main() -> None:
 
     transcribe_all()  # warm-up
     totals: collections.Counter = collections.Counter()
-    patched: list = []
-    _timed(decoding._Decoding, "accept", "accept (rules, choice, margins, scores)", totals, patched)
-    _timed(logit_rules.LogitRules, "_timestamp_rules_block", "of which timestamp rules and choice", totals, patched)
-    _timed(logit_rules.BlockChoice, "log_probs", "of which scores of the emitted tokens", totals, patched)
-    _timed(logit_rules.BlockChoice, "margins", "of which the guard's margins", totals, patched)
-    _timed(runtime, "state_columns", "state columns", totals, patched)
-    _timed(decoding.SpeculativeDecoder, "_learn", "counters, draft-length policy and governor", totals, patched)
+    undo: list = []
+
+    def _timed(owner, name: str, key: str) -> None:
+        undo.append(time_calls(owner, name, lambda seconds: totals.update({key: seconds})))
+
+    _timed(decoding._Decoding, "accept", "accept (rules, choice, margins, scores)")
+    _timed(logit_rules.LogitRules, "_timestamp_rules_block", "of which timestamp rules and choice")
+    _timed(logit_rules.BlockChoice, "log_probs", "of which scores of the emitted tokens")
+    _timed(logit_rules.BlockChoice, "margins", "of which the guard's margins")
+    _timed(runtime, "state_columns", "state columns")
+    _timed(decoding.SpeculativeDecoder, "_learn", "counters, draft-length policy and governor")
     model.reset_spec_stats()
     transcribe_all()
-    for owner, name, function in reversed(patched):
-        setattr(owner, name, function)
+    for undone in reversed(undo):
+        undone()
     stats = model.spec_stats
     calls = stats.target_calls
     in_loop = {key: 1000 * seconds / calls for key, seconds in totals.items()}

@@ -16,24 +16,9 @@ import argparse
 import dataclasses
 import os
 import statistics
-import time
 from collections import defaultdict
 
-from _common import machine, save_figure, write_result
-
-
-def _timed(owner, name: str, times: list) -> None:
-    """Record the wall time of every call of ``owner.name`` into ``times`` (an instance patch)."""
-    function = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            times.append(time.perf_counter() - started)
-
-    setattr(owner, name, wrapper)
+from _common import machine, save_figure, time_calls, write_result
 
 
 def _all_frames(drafter):
@@ -88,7 +73,7 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
-    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", default="mfa", choices=["mfa", "pocketsphinx"])
@@ -127,8 +112,8 @@ def main() -> None:
         times = defaultdict(list)
         if name != "plain steps":
             for method in ("propose", "advance", "begin"):
-                _timed(drafter, method, times[method])
-        _timed(decoder.runtime, "states_from_columns", times["recovery"])
+                time_calls(drafter, method, times[method].append)
+        time_calls(decoder.runtime, "states_from_columns", times["recovery"].append)
         with decoder.use_drafter(drafter):
             list(flash.transcribe(audio[utterances[0].path], beam_size=1)[0])  # warm-up
             for values in times.values():

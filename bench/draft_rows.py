@@ -21,9 +21,8 @@ import os
 import statistics
 
 # Sibling scripts (python puts this directory first on the path when a script runs).
-from draft_round import _timed
 
-from _common import machine, median_ms, write_result
+from _common import machine, median_ms, time_calls, write_result
 
 from ct2_flash.runtime.draft_length import DraftLengthPolicy
 
@@ -94,7 +93,7 @@ def main() -> None:
         if "proposal_alone_ms_by_rows" not in document:
             document["proposal_alone_ms_by_rows"] = proposal_alone_ms(flash, drafter, audio[utterances[0].path])
             print("proposal alone, ms by rows:", {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()})
-        _timed(drafter, "propose", proposal_seconds)
+        time_calls(drafter, "propose", proposal_seconds.append)
         arms = {"all K rows": AllRows, "rows the policy chooses": DraftLengthPolicy}
         runs = {name: [] for name in arms}
         texts = {}

@@ -26,7 +26,7 @@ import json
 import os
 import statistics
 
-from _common import machine, timed, write_result
+from _common import interleaved, machine, timed, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,15 +60,15 @@ def main() -> None:
 
     rows = []
     for audio in args.audio:
-        runs = {"read_faster_whisper": [], "read_ct2_flash": [], "whole_faster_whisper": [], "whole_ct2_flash": []}
-        identical = True
-        for _ in range(args.repeats):  # interleaved, so load drift hits both alike
-            runs["read_faster_whisper"].append(timed(lambda: decode_audio(audio, sampling_rate=16000))[0])
-            runs["read_ct2_flash"].append(timed(lambda: checked_audio(audio, 16000))[0])
-            base, got = measure(baseline, audio, **transcribe), measure(flash, audio, **transcribe)
-            runs["whole_faster_whisper"].append(base.whole_seconds)
-            runs["whole_ct2_flash"].append(got.whole_seconds)
-            identical &= base.tokens == got.tokens
+        calls = interleaved({  # so load drift hits both alike
+            "read_faster_whisper": lambda: timed(lambda: decode_audio(audio, sampling_rate=16000))[0],
+            "read_ct2_flash": lambda: timed(lambda: checked_audio(audio, 16000))[0],
+            "faster_whisper": lambda: measure(baseline, audio, **transcribe),
+            "ct2_flash": lambda: measure(flash, audio, **transcribe)}, args.repeats, warmup=0)
+        identical = all(base.tokens == got.tokens for base, got in zip(calls["faster_whisper"], calls["ct2_flash"]))
+        runs = {"read_faster_whisper": calls["read_faster_whisper"], "read_ct2_flash": calls["read_ct2_flash"],
+                "whole_faster_whisper": [m.whole_seconds for m in calls["faster_whisper"]],
+                "whole_ct2_flash": [m.whole_seconds for m in calls["ct2_flash"]]}
         rows.append({"audio": os.path.relpath(audio, ROOT), "identical": identical,
                      **{name: statistics.median(times) for name, times in runs.items()}})
         print(f"{os.path.basename(audio)}: read {rows[-1]['read_faster_whisper'] * 1e3:.0f} -> "

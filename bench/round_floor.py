@@ -97,7 +97,7 @@ def main() -> None:
     from ct2_flash.drafting.base import AUDIO_WINDOW, DecodingOptions, DraftWindow
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.drafting.onnx_drafter import OnnxDrafter
-    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     model_path = resolve_model("tiny.en")
     # One model on 2 threads for the loop too (no one-thread decoder copy): the verification

@@ -14,7 +14,7 @@ import argparse
 import threading
 import time
 
-from _common import machine, write_result
+from _common import interleaved, machine, write_result
 
 
 def run(model, clips, workers: int) -> float:
@@ -67,12 +67,10 @@ def main() -> None:
     for workers in args.threads:
         options = dict(compute_type=args.compute_type, cpu_threads=args.cpu_threads, num_workers=workers)
         systems = {"faster-whisper": WhisperModel(path, **options), "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options, redecodes=False)}
-        for model in systems.values():  # warm-up
+        for model in systems.values():  # warm-up, on as many clips as threads
             run(model, clips[:workers], workers)
-        walls = {name: [] for name in systems}
-        for _ in range(args.repeats):  # interleaved, so load drift hits both
-            for name, model in systems.items():
-                walls[name].append(run(model, clips, workers))
+        walls = interleaved({name: (lambda model=model: run(model, clips, workers)) for name, model in systems.items()},
+                            args.repeats, warmup=0)
         stats = systems["ct2-flash"].spec_stats
         row = {"threads": workers,
                **{f"{name} audio s per s": seconds / min(times) for name, times in walls.items()},

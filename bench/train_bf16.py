@@ -30,7 +30,7 @@ def main() -> None:
     from ct2_flash.drafting.flash_drafter import load_checkpoint
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.train.fit import IGNORE, FitConfig, load_examples, make_batch, order_by_length, sample_batch, train_step
-    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     torch.set_num_threads(args.threads)
     examples = load_examples(args.work, "train")

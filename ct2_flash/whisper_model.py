@@ -27,8 +27,9 @@ from ct2_flash.audio import check_features, checked_audio
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
 from ct2_flash.runtime.draft_length import DraftLengthPolicy
-from ct2_flash.drafting.files import CheckpointError, check_adapted
-from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_adapted
+from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter, audio_frames
+from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.engine.models import embedded_name, resolve_model
 from ct2_flash.policy import SpeculationPolicy, produced_tokens
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
@@ -123,25 +124,6 @@ class FlashGenerationResult:
     sequences_ids: List[List[int]]
     scores: List[float] = field(default_factory=list)
     no_speech_prob: float = 0.0
-
-
-def audio_frames(features) -> Optional[List[int]]:
-    """Per row of [batch, n_mels, 3000] log-mel features, the encoder frames that hold audio.
-
-    faster-whisper pads every window to 30 s with exact zeros (``pad_or_trim``), and a column
-    of real audio is never all zeros in the normalised log-mel scale, so the audio ends after
-    the last column with a non-zero value. The encoder halves the frame rate. None when the
-    features are not readable on the host (a GPU StorageView).
-    """
-    try:
-        array = np.asarray(features)
-    except (TypeError, ValueError, RuntimeError, AttributeError):  # not on the host
-        return None
-    if array.ndim != 3:
-        return None
-    columns = np.any(array != 0, axis=1)  # [batch, mel frames]
-    last = np.where(columns.any(axis=1), array.shape[2] - np.argmax(columns[:, ::-1], axis=1), 0)
-    return [int(-(-frames // 2)) for frames in last]
 
 
 class SpeculativeWhisper:
@@ -592,9 +574,6 @@ class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
         return super().transcribe(checked_audio(audio, self.model.feature_extractor.sampling_rate), *args, **kwargs)
 
 
-SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")
-
-
 def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.en",
                  compute_type: Optional[str] = None) -> Drafter:
     """The drafter ``FlashWhisperModel(model, drafter=drafter)`` would decode with.
@@ -650,6 +629,4 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
 
 def _model_width(model_path: str) -> int:
     """d_model of a CTranslate2 Whisper model (read from model.bin's header, no weights)."""
-    from ct2_flash.engine.model_files import CT2ModelFile
-
     return int(CT2ModelFile(model_path)["decoder/embeddings/weight"].shape[1])

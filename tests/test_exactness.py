@@ -31,7 +31,7 @@ from ct2_flash.drafting.base import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
 from ct2_flash.policy import SpeculationPolicy
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
-from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
 from .conftest import CLIP_PATHS, THREADS, segments_of
 

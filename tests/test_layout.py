@@ -12,11 +12,11 @@ LAYERS = [
     ("engine", "stock"),          # the CTranslate2 runtimes (patched here, stock in a worker) and model files
     ("drafting",),                # drafters: interface, files, ONNX round, PyTorch network
     ("runtime",),                 # target sequence, logit rules, acceptance, the loop
-    ("audio", "policy", "engines", "redecodes", "thread_split", "outputs", "whisper_model", "streaming", "dropin",
-     "run_program"),  # the faster-whisper adapter
+    ("audio", "policy", "engines", "redecodes", "thread_split", "whisper_model", "streaming", "dropin",
+     "run_program"),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
     ("validation",),              # reference drafters, exactness comparisons, fuzzing
     ("benchmark", "train", "converters"),
-    ("cli", "__init__"),
+    ("cli", "outputs", "__init__"),  # the command line and the transcript files only it writes
 ]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 

@@ -18,7 +18,7 @@ from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError, targ
 from ct2_flash.drafting.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
 from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OnnxDrafter  # noqa: E402
-from ct2_flash.whisper_model import SHIPPED_DRAFTERS  # noqa: E402
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS  # noqa: E402
 
 from .conftest import CLIP_PATHS, LONG_PATH, segments_of  # noqa: E402
 

@@ -21,6 +21,10 @@ import inspect
 import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from ct2_flash.drafting.base import PromptLookupDrafter
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+from ct2_flash.engine.models import embedded_name
+
 ORACLE = "oracle"
 BUILTIN = "builtin"
 RUNTIMES = ("onnx", "pytorch")
@@ -67,8 +71,6 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
     The oracle asks a CTranslate2 model of its own, loaded here with the target's
     ``compute_type`` and ``threads``, for the target's greedy output (the model runs it with
     ``adaptive=False``: it shows the loop's ceiling, so no call may go to ``generate()``)."""
-    from ct2_flash.drafting.base import PromptLookupDrafter
-
     options = dict(options)
     if spec == ORACLE:
         import ctranslate2
@@ -82,9 +84,7 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
         return PromptLookupDrafter(**_checked(PromptLookupDrafter, options))
     if not options:
         return spec
-    from ct2_flash.engine.models import embedded_name
     from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
-    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
 
     directory = spec or os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or model_name)
     if not os.path.isfile(os.path.join(directory, "drafter.json")):

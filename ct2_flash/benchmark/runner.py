@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,7 +22,11 @@ import numpy as np
 from ct2_flash.benchmark.measure import Measurement, measure
 from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate, word_error_rate_interval
 from ct2_flash.benchmark.manifest import Utterance
+from ct2_flash.benchmark.machine import machine
 from ct2_flash.benchmark.stock import StockWorker
+from ct2_flash.benchmark.drafters import ORACLE, build_drafter
+from ct2_flash.engine.models import resolve_model
+from ct2_flash.runtime.draft_length import CONFIDENCE_BINS
 
 SAMPLE_RATE = 16000
 
@@ -123,8 +125,9 @@ def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
 
 
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
+    # Here, not at the top: the adapter loads faster-whisper and the engine, which reading a
+    # manifest or a report does not need.
     from ct2_flash.whisper_model import FlashWhisperModel
-    from ct2_flash.benchmark.drafters import ORACLE, build_drafter
 
     drafter = build_drafter(config.drafter, dict(config.drafter_options), config.model, path, compute_type, threads)
     return FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
@@ -138,8 +141,6 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
                 compute_type: str, threads: int, progress: bool = True, temperature: float = 0.0) -> dict:
     """Measure one (compute type, threads, temperature) setting; returns its report section."""
     from faster_whisper import WhisperModel
-
-    from ct2_flash.engine.models import resolve_model
 
     path = resolve_model(config.model)
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
@@ -200,8 +201,6 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     sequence per state), faster-whisper decodes them together; this shows what that costs.
     """
     from faster_whisper import BatchedInferencePipeline, WhisperModel
-
-    from ct2_flash.engine.models import resolve_model
 
     path = resolve_model(config.model)
     baseline = BatchedInferencePipeline(WhisperModel(path, compute_type=compute_type, cpu_threads=threads))
@@ -406,8 +405,6 @@ def summarise(rows: Sequence[dict]) -> dict:
 def _calibration(rows: Sequence[dict]) -> List[List[dict]]:
     """Per draft position and drafter-confidence bin: judged positions and the observed
     acceptance (a position is judged when every draft before it was accepted)."""
-    from ct2_flash.runtime.draft_length import CONFIDENCE_BINS
-
     positions = max((len(r.get("calibration", [])) for r in rows), default=0)
     counts = np.zeros((positions, CONFIDENCE_BINS, 2), dtype=np.int64)
     for r in rows:
@@ -439,22 +436,3 @@ def run(config: BenchConfig, utterances: Sequence[Utterance], progress: bool = T
         "wall_seconds": time.time() - started,
         "settings": settings,
     }
-
-
-def machine() -> dict:
-    """The CPU the figures came from (these machines change CPU between sessions): model name,
-    the ISA flags CTranslate2's kernels depend on, cores, platform."""
-    model, flags = "", []
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni")
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = [flag for flag in value.split() if flag in wanted]
-    except OSError:
-        pass
-    return {"cpu": model or platform.processor(), "isa_flags": flags, "cpu_count": os.cpu_count(),
-            "platform": platform.platform()}

@@ -15,6 +15,11 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
+from ct2_flash.engine.model_files import CT2ModelFile
+
+# The drafters shipped in the package, one folder per model (ct2_flash/drafters/<name>/).
+SHIPPED_DRAFTERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "drafters")
+
 WEIGHTS_FILE = "drafter.safetensors"
 CONFIG_FILE = "drafter.json"
 # Written by ``ct2-flash adapt``: the one model and compute type the drafter was adapted for.
@@ -117,8 +122,6 @@ def proposal_rows(config: DrafterConfig, num_tokens: int) -> int:
 
 def target_identity(model_path: str, model_name: str) -> TargetIdentity:
     """Identify a CTranslate2 Whisper model directory for drafter compatibility checks."""
-    from ct2_flash.engine.model_files import CT2ModelFile
-
     for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json"):
         path = os.path.join(model_path, name)
         if os.path.isfile(path):

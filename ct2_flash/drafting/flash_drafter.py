@@ -35,6 +35,7 @@ from ct2_flash.drafting.files import (  # noqa: F401 (re-exported)
     target_identity,
 )
 from ct2_flash.drafting.flash_model import FlashDrafterModel
+from ct2_flash.engine.model_files import CT2ModelFile
 
 # Buffers copied from the target at load time instead of being stored (they are the target's).
 _TARGET_BUFFERS = ("token_embedding", "position_embedding")
@@ -65,8 +66,6 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
         DrafterMismatchError: the drafter was trained for another target (checked before any
             weight is touched, so the error names the difference rather than a shape).
     """
-    from ct2_flash.engine.model_files import CT2ModelFile
-
     weights_path = os.path.join(directory, WEIGHTS_FILE)
     config = read_config(directory)
     if not os.path.isfile(weights_path):

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.drafting.files import CheckpointError, DrafterConfig, check_target, proposal_rows, read_config, target_identity
 from ct2_flash.drafting.base import (AUDIO_WINDOW, Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window,
                        check_round_options, cut_by_confidence)
@@ -172,8 +173,6 @@ class OnnxDrafter(Drafter):
         layers = config.num_layers
         self._history_names = [f"history_{kind}_{i}" for i in range(layers) for kind in ("keys", "values")]
         self._audio_names = [f"audio_{kind}_{i}" for i in range(layers) for kind in ("keys", "values")]
-        from ct2_flash.engine.model_files import CT2ModelFile
-
         # The anchor's input row; float16 as stored, cast per round (one row).
         self._embedding = np.asarray(CT2ModelFile(model_path)["decoder/embeddings/weight"])
         head_dim = config.d_model // config.num_heads

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
+from ct2_flash.runtime.draft_length import CONFIDENCE_BINS, DraftLengthPolicy
+
 
 @dataclass
 class SpecStats:
@@ -104,8 +106,6 @@ class SpecStats:
 
     def record_confidences(self, log_probs: Sequence[float], accepted: int, rejected: bool) -> None:
         """Count the judged positions of one verified block by confidence bin."""
-        from ct2_flash.runtime.draft_length import CONFIDENCE_BINS, DraftLengthPolicy
-
         bins = DraftLengthPolicy.bins(log_probs[: accepted + int(rejected)])
         while len(self.calibration) < len(log_probs):
             self.calibration.append([[0, 0] for _ in range(CONFIDENCE_BINS)])

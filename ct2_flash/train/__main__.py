@@ -105,7 +105,7 @@ def main() -> None:
     elif args.step == "ship":
         from ct2_flash.converters import convert_drafter
         from ct2_flash.engine.models import resolve_model
-        from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+        from ct2_flash.drafting.files import SHIPPED_DRAFTERS
         from ct2_flash.train.report import write_report
 
         run = args.run or os.path.join(args.data, "runs", "main")

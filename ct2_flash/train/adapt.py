@@ -223,7 +223,7 @@ def _require_training_extras() -> None:
 
 
 def _shipped(model: str) -> str:
-    from ct2_flash.whisper_model import SHIPPED_DRAFTERS
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     path = os.path.join(SHIPPED_DRAFTERS, os.path.basename(os.path.normpath(model)))
     if not os.path.isfile(os.path.join(path, "drafter.json")):

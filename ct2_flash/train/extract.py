@@ -111,7 +111,7 @@ def _extract_group(model, runtime, special, data_dir: str, out_dir: str, entries
 
 def _extract_one(runtime, special, out_dir: str, entry: Dict, features: np.ndarray, encoder_output, prompt: List[int],
                  tokens: List[int], model) -> Dict:
-    from ct2_flash.whisper_model import audio_frames
+    from ct2_flash.drafting.base import audio_frames
 
     ended = len(tokens) < 224  # stopped on end-of-text, not on the budget
     full = tokens + ([special.eot] if ended else [])
