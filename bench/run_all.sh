@@ -166,7 +166,7 @@ for name in full no-audio no-history; do
 done
 $PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types float32 int8 \
   --repeats 3 --out $OUT/synthetic_held_out
-# Thread split and guard (bench/results/threads/README.md): directory, compute, threads, decoder threads, guard.
+# Thread split and guard (bench/results/earlier/threads/README.md): directory, compute, threads, decoder threads, guard.
 while read -r name ct threads decoder guard; do
   $PY -m ct2_flash.cli bench --no-stock-engine --manifest "$HELD_OUT/manifest.tsv" --limit 12 --compute-types "$ct" --threads "$threads" \
     --decoder-threads "$decoder" ${guard:+--guard-margin $guard} --near-exact --repeats 2 --out "$OUT/threads/$name"

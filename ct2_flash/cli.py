@@ -293,6 +293,7 @@ def _stream(args: argparse.Namespace) -> int:
 
     from faster_whisper import WhisperModel
 
+    from ct2_flash.benchmark.machine import machine
     from ct2_flash.benchmark.replay import as_records, replay, summary
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.streaming import OnlineProcessor, StreamOptions, text_of
@@ -317,6 +318,7 @@ def _stream(args: argparse.Namespace) -> int:
     document = {
         "audio": args.audio, "audio_seconds": duration, "model": args.model, "compute_type": args.compute_type,
         "threads": args.threads, "chunk_seconds": args.chunk, "real_time_pace": not args.no_wait,
+        "machine": machine(),
         "system": "faster-whisper (this environment's engine)" if args.baseline else "ct2-flash",
         "summary": summary(iterations, duration), "committed": text_of(processor.committed),
         "iterations": as_records(iterations),

@@ -71,7 +71,7 @@ _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", 
                  "sampling_topk", "sampling_temperature", "num_hypotheses")
 
 # Default guard margins (logits). float32 rows are within 5e-5 of single steps; at int8 2.0 is
-# where identity stops improving (bench/results/guard_margin/int8.json).
+# where identity stops improving (bench/results/earlier/guard_margin/int8.json).
 FLOAT32_GUARD = 1e-3
 QUANTIZED_GUARD = 2.0
 # Re-decodes (``SpeculativeWhisper.redecode_policy``): calls measured in the loop before
@@ -362,7 +362,7 @@ class FlashWhisperModel(WhisperModel):
             this many logits to going another way are decided again by a single-token pass
             (``strategies.Guard``); a number, or one per row of the block. Default: 1e-3 at
             float32, 2.0 at every other compute type, the smallest margin with the most
-            identical windows measured (docs/exactness.md, ``bench/results/guard_margin/``).
+            identical windows measured (docs/exactness.md, ``bench/results/earlier/guard_margin/``).
             0 turns the guard off.
         seed: makes sampled decoding repeatable: the same calls on the same model give the
             same samples with the same drafter on the same machine (another drafter samples

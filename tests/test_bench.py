@@ -297,3 +297,21 @@ def test_summary_counts_utterances_without_draft_rounds():
     assert summary["first_position_acceptance"] == 0.5 and summary["acceptance_rate"] == 0.5
     assert summary["tokens_per_target_call"] == 1.5
     assert summarise([row("none", [], [], 3, 3)])["first_position_acceptance"] is None
+
+
+def test_every_committed_result_names_its_cpu():
+    """A figure without its CPU cannot be compared with another session's: every JSON under
+    bench/results names the CPU model it ran on (``machine.cpu``), except the archive."""
+    import glob
+
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results")
+    unnamed = []
+    for path in glob.glob(os.path.join(results, "**", "*.json"), recursive=True):
+        if os.path.relpath(path, results).startswith("earlier" + os.sep):
+            continue
+        with open(path, encoding="utf-8") as stream:
+            document = json.load(stream)
+        machine = document.get("machine") if isinstance(document, dict) else None
+        if not (isinstance(machine, dict) and machine.get("cpu")):
+            unnamed.append(os.path.relpath(path, results))
+    assert not unnamed, unnamed

@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
+from ct2_flash.benchmark.machine import machine
 from ct2_flash.train import user_audio
 
 logger = logging.getLogger("ct2_flash")
@@ -336,6 +337,7 @@ def _report(plan: dict, options: AdaptOptions, data: dict, meta: dict, decodes: 
         "audio_minutes_per_minute": round((data["train"]["minutes"] + data["validation"]["minutes"])
                                           / (max(1.0, sum(plan["seconds"].values())) / 60), 2),
         "seconds": dict(plan["seconds"]),
+        "machine": machine(),
     }
 
 
