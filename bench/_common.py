@@ -33,13 +33,20 @@ def median_ms(function: Callable[[], Any], repeats: int, warmup: int = 3) -> flo
     return 1000 * statistics.median(timed(function)[0] for _ in range(repeats))
 
 
-def lowest_median_ms(function: Callable[[], Any], repeats: int, groups: int = 4, warmup: int = 5) -> float:
+def lowest_median_ms(function: Callable[[], Any], repeats: int, groups: int = 4, warmup: int = 5,
+                     before: Optional[Callable[[], Any]] = None) -> float:
     """The lowest of ``groups`` medians of ``repeats / groups`` timed calls: other work on the
-    two cores only ever adds time, so the quietest group is the closest to the cost itself."""
+    two cores only ever adds time, so the quietest group is the closest to the cost itself.
+    ``before``, if given, runs untimed before each call (warm-ups included)."""
+    def once() -> float:
+        if before is not None:
+            before()
+        return timed(function)[0]
+
     for _ in range(warmup):
-        function()
+        once()
     per_group = max(1, repeats // groups)
-    return 1000 * min(statistics.median(timed(function)[0] for _ in range(per_group)) for _ in range(groups))
+    return 1000 * min(statistics.median(once() for _ in range(per_group)) for _ in range(groups))
 
 
 def interleaved(systems: Dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> Dict[str, List[Any]]:

@@ -46,25 +46,18 @@ def _drafters(model_path: str, directory: str):
     }
 
 
-def _plot_calibration(table, path: str, title: str) -> None:
-    """Predicted (the drafter's probability, bin centre) against observed acceptance, by position."""
+def _plot_calibration(raw, path: str, title: str) -> None:
+    """The calibration of one run (``SpecStats.calibration``), drawn as the runner draws its own."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ct2_flash.runtime.draft_length import CONFIDENCE_BINS
+    from ct2_flash.benchmark.plots import draw_calibration
+    from ct2_flash.benchmark.runner import calibration_cells
 
     figure, axis = plt.subplots(figsize=(5.5, 4.5))
-    for position, cells in enumerate(table[:4]):
-        points = [((b + 0.5) / CONFIDENCE_BINS, accepted / judged) for b, (judged, accepted) in enumerate(cells) if judged >= 5]
-        if points:
-            axis.plot(*zip(*points), marker="o", label=f"position {position + 1}")
-    axis.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--", label="calibrated")
-    axis.set_xlabel("drafter's probability of its token (bin centre)")
-    axis.set_ylabel("observed acceptance (bins with >= 5 judged)")
-    axis.set_title(f"draft calibration: {title}", fontsize=9)
-    axis.legend(fontsize=8)
+    draw_calibration(axis, calibration_cells([{"calibration": raw}]), f"draft calibration: {title}")
     save_figure(figure, path)
 
 

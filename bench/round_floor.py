@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 
 import numpy as np
 
-from _common import lowest_median_ms, machine, timed, write_result
+from _common import lowest_median_ms, machine, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = 100
@@ -73,16 +72,8 @@ def _time_round(drafter, window, states: np.ndarray, num_tokens: int, repeats: i
     drafter.advance(states[: HISTORY - 1], start + HISTORY - 1)
     generated = list(window.prompt) + [300] * HISTORY
 
-    def round_() -> float:
-        if between is not None:
-            between()
-        seconds, _ = timed(lambda: (drafter.advance(states[HISTORY - 1 : HISTORY], start + HISTORY),
-                                    drafter.propose(generated, num_tokens)))
-        return seconds
-
-    for _ in range(5):
-        round_()
-    return 1000 * min(statistics.median(round_() for _ in range(max(1, repeats // 4))) for _ in range(4))
+    return lowest_median_ms(lambda: (drafter.advance(states[HISTORY - 1 : HISTORY], start + HISTORY),
+                                     drafter.propose(generated, num_tokens)), repeats, before=between)
 
 
 def main() -> None:

@@ -77,17 +77,23 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
     if any(table for _, table in calibrated):
         figure, axes = plt.subplots(1, len(calibrated), figsize=(5 * len(calibrated), 4), squeeze=False)
         for axis, (label, table) in zip(axes[0], calibrated):
-            for position, cells in enumerate(table[:4]):
-                points = [(c["confidence"], c["observed"]) for c in cells if c["observed"] is not None and c["judged"] >= 5]
-                if points:
-                    axis.plot(*zip(*points), marker="o", label=f"position {position + 1}")
-            axis.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--", label="calibrated")
-            axis.set_xlabel("drafter's probability of its token (bin centre)")
-            axis.set_ylabel("observed acceptance (bins with >= 5 judged)")
-            axis.set_title(f"draft calibration, {label}")
-            axis.legend(fontsize=7)
+            draw_calibration(axis, table, f"draft calibration, {label}")
         paths.append(_save(figure, out_dir, "calibration.png"))
     return paths
+
+
+def draw_calibration(axis, table: List[List[dict]], title: str) -> None:
+    """Predicted (the drafter's probability, bin centre) against observed acceptance, for the
+    first four draft positions; ``table`` as ``runner.calibration_cells`` gives it."""
+    for position, cells in enumerate(table[:4]):
+        points = [(c["confidence"], c["observed"]) for c in cells if c["observed"] is not None and c["judged"] >= 5]
+        if points:
+            axis.plot(*zip(*points), marker="o", label=f"position {position + 1}")
+    axis.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--", label="calibrated")
+    axis.set_xlabel("drafter's probability of its token (bin centre)")
+    axis.set_ylabel("observed acceptance (bins with >= 5 judged)")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=7)
 
 
 def _save(figure, out_dir: str, name: str) -> str:

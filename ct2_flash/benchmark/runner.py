@@ -396,15 +396,16 @@ def summarise(rows: Sequence[dict]) -> dict:
         "generate_rows": sum(r.get("generate_rows", 0) for r in rows),
         "other_calls": sum(r.get("other_calls", 0) for r in rows),
         "draft_round_ms": _ratio(1e3 * sum(r["flash"]["drafter"] for r in rows), sum(r["draft_rounds"] for r in rows)),
-        "calibration": _calibration(rows),
+        "calibration": calibration_cells(rows),
         "systems": systems,
         "buckets": buckets,
     }
 
 
-def _calibration(rows: Sequence[dict]) -> List[List[dict]]:
+def calibration_cells(rows: Sequence[dict]) -> List[List[dict]]:
     """Per draft position and drafter-confidence bin: judged positions and the observed
-    acceptance (a position is judged when every draft before it was accepted)."""
+    acceptance (a position is judged when every draft before it was accepted), summed over
+    ``rows`` (each with ``SpecStats.calibration``: [position][bin] -> [judged, accepted])."""
     positions = max((len(r.get("calibration", [])) for r in rows), default=0)
     counts = np.zeros((positions, CONFIDENCE_BINS, 2), dtype=np.int64)
     for r in rows:
