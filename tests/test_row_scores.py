@@ -129,3 +129,11 @@ def test_the_committed_graph_is_what_the_builder_writes():
     committed, built = onnx.load(GRAPH_FILE), build_row_lane_sums()
     assert committed.graph == built.graph
     assert list(committed.opset_import) == list(built.opset_import)
+
+
+def test_a_check_that_cannot_be_made_is_given_up_once(fresh_decision, caplog):
+    fresh_decision.isa = "AVX2"
+    row_scores.skip_confirmation("RuntimeError: no engine")
+    row_scores.skip_confirmation("again")
+    assert row_scores.isa_confirmed() and row_scores.engine_isa() == "AVX2"
+    assert caplog.text.count("could not check the engine's ISA") == 1

@@ -230,14 +230,20 @@ class SpeculativeDecoder:
         special = self.runtime.special
         layout = PromptLayout.of(prompt, special)
         start = [int(t) for t in prompt[layout.sot_index : layout.start_index + 1]]
-        # CTranslate2 runs min(max_length // 2, max_length - start) steps: this is one.
-        result = self.runtime.model.generate(encoder_output, [start], beam_size=1, max_length=max(2, len(start)),
-                                             return_scores=True)[0]
-        chosen = result.sequences_ids[0][:1] or [special.eot]  # end of text: scored, not returned
-        block = self.rules_for(start, DecodingOptions()).choose_block(
-            self.runtime.start(encoder_output, start).next_logits[None], [], [])
-        if list(block.tokens[:1]) == chosen:
-            row_scores.confirm_isa(block.edited[:1], chosen, [result.scores[0]])
+        try:
+            # CTranslate2 runs min(max_length // 2, max_length - start) steps: this is one.
+            result = self.runtime.model.generate(encoder_output, [start], beam_size=1, max_length=max(2, len(start)),
+                                                 return_scores=True)[0]
+            chosen = result.sequences_ids[0][:1] or [special.eot]  # end of text: scored, not returned
+            block = self.rules_for(start, DecodingOptions()).choose_block(
+                self.runtime.start(encoder_output, start).next_logits[None], [], [])
+        except Exception as error:  # a check must never cost the user's call
+            row_scores.skip_confirmation(f"{type(error).__name__}: {error}")
+            return
+        if list(block.tokens[:1]) != chosen:  # not one row scored by both: no comparison
+            row_scores.skip_confirmation(f"generate() chose token {chosen[0]}, the loop {int(block.tokens[0])}")
+            return
+        row_scores.confirm_isa(block.edited[:1], chosen, [result.scores[0]])
 
     def decode(self, encoder_output, prompt: Sequence[int], options: DecodingOptions,
                audio_frames: Optional[int] = None) -> DecodeResult:

@@ -100,6 +100,16 @@ def isa_confirmed() -> bool:
     return _decision.confirmed
 
 
+def skip_confirmation(reason: str) -> None:
+    """Give up the check for this process (it could not be made), keeping the decided ISA."""
+    with _decision.lock:
+        if _decision.confirmed:
+            return
+        _decision.confirmed = True
+    logger.warning("ct2-flash: could not check the engine's ISA against one of its scores (%s); scores follow %s",
+                   reason, engine_isa())
+
+
 def confirm_isa(rows: np.ndarray, columns, engine_scores) -> str:
     """Check ``engine_isa()`` against scores CTranslate2 itself computed, once per process.
 
