@@ -35,6 +35,7 @@ import faster_whisper.transcribe
 from faster_whisper.utils import download_model
 
 from ct2_flash.engine.models import UnknownModelError, available_models
+from ct2_flash.runtime.decoding import check_num_draft_tokens
 from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, WhisperModel, constructor_signature
 
@@ -64,9 +65,7 @@ class DropInOptions:
     program: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_draft_tokens, bool) or not isinstance(self.num_draft_tokens, int) \
-                or self.num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be an int >= 1, got {self.num_draft_tokens!r}")
+        check_num_draft_tokens(self.num_draft_tokens)
         if self.drafter is not None and not os.path.isdir(self.drafter):
             raise FileNotFoundError(f"drafter directory {self.drafter!r} does not exist")
         # ct2-flash's own options (faster-whisper's are the program's to pass).

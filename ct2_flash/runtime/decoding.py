@@ -38,6 +38,13 @@ from ct2_flash.runtime.target import PromptLayout, TargetRuntime
 logger = logging.getLogger("ct2_flash")
 
 
+def check_num_draft_tokens(num_draft_tokens: int) -> None:
+    """K must be an int >= 1 (ValueError otherwise): checked wherever K is given, before a
+    drafter is at hand too (``ct2_flash.install``)."""
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+
+
 def checked_draft_count(drafter: Drafter, vocab_size: int, num_draft_tokens: int) -> int:
     """The one check of a drafter for a target, wherever one is set (the constructor,
     ``use_drafter``): K, the drafts per round that will be asked of it.
@@ -52,8 +59,7 @@ def checked_draft_count(drafter: Drafter, vocab_size: int, num_draft_tokens: int
     if drafter.vocab_size is not None and drafter.vocab_size != vocab_size:
         raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, the model has "
                          f"{vocab_size}: use a drafter trained for this model")
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    check_num_draft_tokens(num_draft_tokens)
     most = getattr(drafter, "num_draft_tokens", None)
     if most is not None and num_draft_tokens > most:
         logger.warning("ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",

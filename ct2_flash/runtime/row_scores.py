@@ -45,6 +45,8 @@ LANE_WIDTHS = {"GENERIC": 1, "AVX": 8, "AVX2": 8, "AVX512": 16, "NEON": 4}
 # A candidate ISA matches the engine when its scores are this close: what is left between them
 # is the exp kernels' own rounding (~1e-7); lane widths move a peaked row's score by ~1e-5.
 ISA_MATCH = 1e-6
+# platform.machine() names of x86 CPUs, lower case.
+_X86 = ("x86_64", "amd64", "i386", "i686", "x86")
 
 
 def isa_of(environ, cpu_flags, machine: str) -> str:
@@ -60,7 +62,7 @@ def isa_of(environ, cpu_flags, machine: str) -> str:
     machine = machine.lower()
     if machine in ("aarch64", "arm64"):
         return "NEON"
-    if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
+    if machine not in _X86:
         return "GENERIC"
     if cpu_flags is None or "avx2" in cpu_flags:
         return "AVX2"
@@ -89,7 +91,7 @@ def engine_isa() -> str:
         if _decision.isa is None:
             flags = _cpu_flags()
             machine = platform.machine()
-            if flags is None and machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
+            if flags is None and machine.lower() in _X86:
                 logger.warning("ct2-flash: cannot read the CPU's feature flags (no /proc/cpuinfo); scores take "
                                "CTranslate2's AVX2 kernels until one score of the engine's is compared")
             _decision.isa = isa_of(os.environ, flags, machine)
