@@ -4,7 +4,7 @@ copy of the stock worker's encoder output against the worker's own, on real spee
 For every clip and compute type, ``FlashWhisperModel(stock_engine=True)`` transcribes twice
 (greedy, timestamps on, the loop off, ``temperature=0``: no sampled fallback, whose draws
 would differ between any two runs), once with every ``generate()`` call in the worker and
-once with every call on the patched runtime (``Engines.policy`` fixed), in alternating order;
+once with every call on the patched runtime (``FixedEngine``, the model's ``engine_policy``), in alternating order;
 the encoder runs in the worker both times. Reported: clips whose tokens are identical, and the
 summed time of the greedy calls on each engine (the worker's includes its channel, the patched
 runtime's the copy of the encoding), from the same run.
@@ -35,18 +35,30 @@ class NeverSpeculate(SpeculationPolicy):
 
 
 class FixedEngine(EnginePolicy):
-    """Every greedy call on one engine; sums what it measured."""
+    """Every greedy call on the engine ``use`` names; sums what each engine measured."""
 
-    def __init__(self, patched: bool) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.fixed, self.seconds, self.tokens, self.calls = patched, 0.0, 0, 0
+        self.engine = "stock"
+        self.clear()
+
+    def clear(self) -> None:
+        self.seconds = {"stock": 0.0, "patched": 0.0}
+        self.tokens = {"stock": 0, "patched": 0}
+        self.calls = {"stock": 0, "patched": 0}
+
+    def use(self, engine: str) -> None:
+        self.engine = engine
 
     def patched(self, batch_size: int) -> bool:
-        return self.fixed
+        return self.engine == "patched"
 
     def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
-        assert patched == self.fixed
-        self.seconds, self.tokens, self.calls = self.seconds + seconds, self.tokens + tokens, self.calls + 1
+        name = "patched" if patched else "stock"
+        assert name == self.engine
+        self.seconds[name] += seconds
+        self.tokens[name] += tokens
+        self.calls[name] += 1
 
 
 def sets(names):
@@ -73,12 +85,11 @@ def main() -> None:
     path = resolve_model("tiny.en")
     results = {}
     for compute_type in args.compute_type:
+        engine = FixedEngine()
         model = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=args.threads, stock_engine=True,
-                                  policy=NeverSpeculate(), redecodes=False)
-        engines = {"stock": FixedEngine(False), "patched": FixedEngine(True)}
-        model.model.engines.policy = engines["stock"]
+                                  policy=NeverSpeculate(), engine_policy=engine, redecodes=False)
         list(model.transcribe(next(iter(audio["test clips"].values())), beam_size=1)[0])  # warm-up: worker starts
-        engines["stock"].__init__(False)
+        engine.clear()
         per_set = {}
         order = 0
         for set_name, clips in audio.items():
@@ -88,7 +99,7 @@ def main() -> None:
                 names = ["stock", "patched"] if order % 2 == 0 else ["patched", "stock"]
                 order += 1
                 for name in names:
-                    model.model.engines.policy = engines[name]
+                    engine.use(name)
                     segments, _ = model.transcribe(waveform, beam_size=1, temperature=0.0)
                     tokens[name] = [list(s.tokens) for s in segments]
                 if tokens["stock"] != tokens["patched"]:
@@ -99,10 +110,10 @@ def main() -> None:
         assert model.model.engines.stock_failures == 0
         results[compute_type] = {
             "sets": per_set,
-            "generate_seconds": {name: e.seconds for name, e in engines.items()},
-            "generate_calls": {name: e.calls for name, e in engines.items()},
-            "tokens": {name: e.tokens for name, e in engines.items()},
-            "patched_over_stock_time": engines["patched"].seconds / engines["stock"].seconds,
+            "generate_seconds": engine.seconds,
+            "generate_calls": engine.calls,
+            "tokens": engine.tokens,
+            "patched_over_stock_time": engine.seconds["patched"] / engine.seconds["stock"],
         }
         model.model.engines.close()
     write_result(args.out, {"command": "python bench/fork_generate.py " + " ".join(

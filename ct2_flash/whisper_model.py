@@ -31,7 +31,7 @@ from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_ad
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter, audio_frames
 from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.engine.models import embedded_name, resolve_model
-from ct2_flash.policy import SpeculationPolicy, produced_tokens
+from ct2_flash.policy import EnginePolicy, SpeculationPolicy, produced_tokens
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.runtime.stats import SpecStats
@@ -405,6 +405,9 @@ class FlashWhisperModel(WhisperModel):
             or dies, one warning, and the patched runtime serves the calls (a dead worker is
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
+        engine_policy: with the worker, decides per greedy ``generate()`` call which engine
+            runs it (default a new ``EnginePolicy``, which measures both); a benchmark or test
+            that needs every call on one engine passes its own.
     """
 
     def __init__(
@@ -421,6 +424,7 @@ class FlashWhisperModel(WhisperModel):
         policy: Optional[SpeculationPolicy] = None,
         near_exact: bool = False,
         stock_engine: bool = True,
+        engine_policy: Optional[EnginePolicy] = None,
         redecodes: bool = True,
         **kwargs,
     ) -> None:
@@ -453,7 +457,8 @@ class FlashWhisperModel(WhisperModel):
             ctranslate2.set_random_seed(seed)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
-        engines = Engines(self.model, self._stock_engine(model_path, args, kwargs, seed) if stock_engine else None)
+        engines = Engines(self.model, self._stock_engine(model_path, args, kwargs, seed) if stock_engine else None,
+                          engine_policy)
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy(), near_exact,
                                         engines, redecodes)

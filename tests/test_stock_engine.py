@@ -94,31 +94,33 @@ def test_model_with_the_worker_gives_the_same_segments(stock_flash, float32_pair
 
 
 class OnePatched(EnginePolicy):
+    """Every greedy call on the patched runtime while ``forced``; the default's choice otherwise."""
+
+    def __init__(self, forced: bool = True) -> None:
+        super().__init__()
+        self.forced = forced
+
     def patched(self, batch_size):
-        return True
+        return self.forced or super().patched(batch_size)
 
 
-def test_greedy_calls_run_on_the_engine_the_policy_picks(stock_flash, float32_pair, clips):
+def test_greedy_calls_run_on_the_engine_the_policy_picks(model_path, float32_pair, clips):
     """Greedy generate() on the patched runtime, over one copy of the worker's encoding per
     window; beam search stays in the worker."""
     from .test_policy import ForcedGenerate
 
-    engines = stock_flash.model.engines
-    chosen, engines.policy = engines.policy, OnePatched()
-    loop_policy, stock_flash.model.policy = stock_flash.model.policy, ForcedGenerate()  # every call outside the loop
-    redecode_policy, stock_flash.model.redecode_policy = stock_flash.model.redecode_policy, ForcedGenerate()  # re-decodes too
-    try:
-        calls, fetches = dict(engines.generate_calls), engines.stock.timings.get("fetch", [0])[0]
-        name = SHORT[0]
-        for options in ({"beam_size": 1}, {"beam_size": 1}, {"beam_size": 5}):
-            assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options)
-        windows = 3  # one each (a short clip); the copy is fetched once per window
-        assert engines.generate_calls["patched"] - calls["patched"] >= 2
-        assert engines.generate_calls["stock"] - calls["stock"] >= 1  # the beam search
-        assert engines.stock.timings["fetch"][0] - fetches <= windows
-    finally:
-        engines.policy, stock_flash.model.policy = chosen, loop_policy
-        stock_flash.model.redecode_policy = redecode_policy
+    # Every call outside the loop (no re-decodes: their policy tries the loop first).
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True,
+                              policy=ForcedGenerate(), engine_policy=OnePatched(), redecodes=False)
+    engines = flash.model.engines
+    name = SHORT[0]
+    for options in ({"beam_size": 1}, {"beam_size": 1}, {"beam_size": 5}):
+        assert segments_of(flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options)
+    windows = 3  # one each (a short clip); the copy is fetched once per window
+    assert engines.generate_calls["patched"] >= 2
+    assert engines.generate_calls["stock"] >= 1  # the beam search
+    assert engines.stock.timings["fetch"][0] <= windows
+    engines.close()
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +146,13 @@ def stock_faster_whisper(model_path):
 def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_whisper, clips, model_path, compute_type):
     """What users run today is the reference: the default model (worker on) gives its tokens,
     also with every greedy call on the patched runtime (from the worker's encoder output)."""
-    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS)
+    policy = OnePatched(forced=False)
+    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, engine_policy=policy)
     stock = stock_faster_whisper(compute_type)
     assert stock.version == STOCK_CTRANSLATE2
     engines = flash.model.engines
-    for policy in (engines.policy, OnePatched()):
-        engines.policy = policy
+    for forced in (False, True):
+        policy.forced = forced
         flash.forget_windows()  # the second pass is not a re-decode (their policy tries the loop first)
         for name in SHORT[1:]:
             expected = stock.measure(name, clips[name], seed=0, beam_size=1).tokens
