@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import time
 
 import numpy as np
 
-from _common import machine, time_calls, write_result
+from _common import machine, time_calls, timed, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,7 +68,7 @@ def main() -> None:
     _timed(logit_rules.BlockChoice, "log_probs", "of which scores of the emitted tokens")
     _timed(logit_rules.BlockChoice, "margins", "of which the guard's margins")
     _timed(runtime, "state_columns", "state columns")
-    _timed(decoding.SpeculativeDecoder, "_learn", "counters, draft-length policy and governor")
+    _timed(decoding.SpeculativeDecoder, "_learn", "counters, draft-length policy and the draft pause")
     model.reset_spec_stats()
     transcribe_all()
     for undone in reversed(undo):
@@ -92,10 +91,8 @@ def main() -> None:
             rows = logits.copy()
             state = decoding._Decoding(rules=rules, generated=list(generated), strategy=strategy,
                                        steps_left=1 << 20)
-            started = time.perf_counter()
-            runtime.state_columns(rows)
-            state.accept(draft, rows)
-            replay["accept and state columns"] += time.perf_counter() - started
+            seconds, _ = timed(lambda: (runtime.state_columns(rows), state.accept(draft, rows)))
+            replay["accept and state columns"] += seconds
     replayed = {key: 1000 * seconds / (3 * len(blocks)) for key, seconds in replay.items()}
 
     document = {

@@ -29,10 +29,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Callable, Dict, List
 
-from _common import machine, save_figure, write_result
+from _common import machine, save_figure, timed, write_result
 
 from ct2_flash.benchmark.clients import (BIN, SYSTEMS, command, free_port, post_transcription, server, server_config,
                                          wyoming_transcript)
@@ -50,9 +49,8 @@ def run_cli(system: str, files: List[str], model: str, compute_type: str, thread
                "--output_format", "txt", "--verbose", "False"]
     stats = os.path.join(work, "stats.json")
     argv, environment = command(system, program, stats)
-    started = time.perf_counter()
-    subprocess.run(argv, env=environment, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    seconds = time.perf_counter() - started
+    seconds, _ = timed(lambda: subprocess.run(argv, env=environment, check=True, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL))
     texts = [open(os.path.join(out, os.path.splitext(os.path.basename(f))[0] + ".txt"), encoding="utf-8").read()
              for f in files]
     return {"seconds": seconds, "outputs": texts, "stats": _stats(stats)}
@@ -74,9 +72,7 @@ def run_server(client: str, system: str, files: List[str], model: str, compute_t
     argv, environment = command(system, program, stats)
     with server(argv, environment, port, os.path.join(work, "server.log")):
         ask(files[0])  # the server's first request loads what it loads lazily: not the work timed
-        started = time.perf_counter()
-        outputs = [ask(path) for path in files]
-        seconds = time.perf_counter() - started
+        seconds, outputs = timed(lambda: [ask(path) for path in files])
     return {"seconds": seconds, "outputs": outputs, "stats": _stats(stats)}
 
 

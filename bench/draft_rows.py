@@ -2,9 +2,9 @@
 
 A drafter with causal blocks proposes the first k of its K drafts exactly when asked for k, and
 its proposal costs less with fewer rows. The adaptive loop then asks for the rows likely to
-pay (``DraftLengthPolicy.rows``). This runs the same utterances twice per repeat with the same
+pay (``DraftLengths.rows``). This runs the same utterances twice per repeat with the same
 drafter and the adaptive loop: once with that choice, once asking for all K rows every round.
-Both arms draft every round (the in-window governor and the per-call routing to
+Both arms draft every round (the in-window draft pause and the per-call routing to
 ``generate()`` are held on, so that both decode the same rounds); greedy, timestamps on,
 temperature 0. Writes JSON: decode time, proposal time per round, rows per round, tokens per
 target call, and whether the transcripts matched; and, first, the proposal timed alone for
@@ -24,7 +24,7 @@ import statistics
 
 from _common import machine, median_ms, time_calls, write_result
 
-from ct2_flash.runtime.draft_length import DraftLengthPolicy
+from ct2_flash.runtime.draft_lengths import DraftLengths
 
 
 def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
@@ -50,7 +50,7 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
             for rows in range(1, drafter.num_draft_tokens + 1)}
 
 
-class AllRows(DraftLengthPolicy):
+class AllRows(DraftLengths):
     """Asks the drafter for every row it may (the drafts verified still follow costs)."""
 
     def rows(self, limit: int) -> int:
@@ -77,7 +77,7 @@ def main() -> None:
     utterances = [u for name in args.speech_sets for u in read_manifest(fetch(name, ""))][:: args.every]
     audio = load_audio(utterances)
     model_path = resolve_model("tiny.en")
-    # Both arms draft every round of every call (no pauses: a window the governor stopped would
+    # Both arms draft every round of every call (no pauses: a window DraftPause stopped would
     # decode plain steps in one arm and not the other); only the draft lengths follow costs.
     lengths_only = Adaptive(route_calls=False, pause_drafting=False, draft_lengths=True)
     document = {"what": __doc__.split("\n")[0], "drafter": os.path.abspath(args.drafter),
@@ -94,7 +94,7 @@ def main() -> None:
             document["proposal_alone_ms_by_rows"] = proposal_alone_ms(flash, drafter, audio[utterances[0].path])
             print("proposal alone, ms by rows:", {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()})
         time_calls(drafter, "propose", proposal_seconds.append)
-        arms = {"all K rows": AllRows, "rows the policy chooses": DraftLengthPolicy}
+        arms = {"all K rows": AllRows, "rows the policy chooses": DraftLengths}
         runs = {name: [] for name in arms}
         texts = {}
         with flash.use_drafter(drafter, adaptive=lengths_only):

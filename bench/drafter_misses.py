@@ -1,6 +1,6 @@
 """Where a drafter's first draft misses on real speech, and whether its shortlist is why.
 
-Every round drafts (no policy, no governor, no confidence cut), float32 target, greedy with
+Every round drafts (no routing, no draft pause, no confidence cut), float32 target, greedy with
 timestamps, on the real speech sets of ``ct2-flash bench``. Each round's first draft is
 compared with the token the target emitted at that position, found from the next round's
 prompt (the last round of each window has no next round and is not scored). Target tokens

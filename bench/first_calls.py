@@ -39,9 +39,9 @@ def main() -> None:
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.policy import SpeculationPolicy
+    from ct2_flash.routing import CallRouter
 
-    class LoopFirst(SpeculationPolicy):
+    class LoopFirst(CallRouter):
         """The previous start: the loop's first measurement on the first call."""
 
         def speculate(self, batch_size: int) -> bool:

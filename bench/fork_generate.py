@@ -25,16 +25,16 @@ from ct2_flash import FlashWhisperModel, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
 from ct2_flash.benchmark.speech_sets import fetch
-from ct2_flash.policy import EnginePolicy, SpeculationPolicy
+from ct2_flash.routing import EngineRouter, CallRouter
 
 
 
-class NeverSpeculate(SpeculationPolicy):
+class NeverSpeculate(CallRouter):
     def speculate(self, batch_size: int) -> bool:
         return False
 
 
-class FixedEngine(EnginePolicy):
+class FixedEngine(EngineRouter):
     """Every greedy call on the engine ``use`` names; sums what each engine measured."""
 
     def __init__(self) -> None:

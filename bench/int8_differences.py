@@ -2,7 +2,7 @@
 
 Real clips (the ``mfa`` and ``pocketsphinx`` speech sets) are joined into windows of 20-29 s,
 each decoded at int8 with timestamps on and off, every round drafting (no policy, no
-governor), the default guard, by three drafters (the shipped one, an oracle with 25% injected
+draft pause), the default guard, by three drafters (the shipped one, an oracle with 25% injected
 errors, a random one), and compared with CTranslate2's ``generate()`` on the same model. Every
 verification the loop makes is recorded (cache length, tokens, raw rows). At a window's first
 difference the script logs:

@@ -3,7 +3,7 @@
 faster-whisper samples when its temperature fallback fires (or when a client asks for a
 temperature): every window at that temperature, ``best_of`` hypotheses each. This times
 ``transcribe(audio, beam_size=1, temperature=T)`` on real clips, faster-whisper and the default
-``FlashWhisperModel`` (adaptive: the policy routes each call, the governor pauses drafting) on
+``FlashWhisperModel`` (adaptive: the policy routes each call, DraftPause pauses drafting) on
 the same engine (the patched runtime, no stock worker), interleaved per clip, and records how
 many rounds drafted and how many rows the loop and ``generate()`` decoded. The samples differ
 between the systems (the distribution is the same), so speeds are ratios of total wall time
@@ -46,6 +46,7 @@ def measure(args: argparse.Namespace) -> dict:
                               adaptive=not args.every_round, **extra)
 
     def run(model, samples, temperature) -> float:
+        # Its own clock: _common imports ct2_flash modules an older checkout may not have.
         started = time.perf_counter()
         segments, _ = model.transcribe(samples, beam_size=1, temperature=temperature, best_of=args.best_of)
         list(segments)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import threading
-import time
 
-from _common import interleaved, machine, write_result
+from _common import interleaved, machine, timed, write_result
 
 
 def run(model, clips, workers: int) -> float:
@@ -30,14 +29,16 @@ def run(model, clips, workers: int) -> float:
             errors.append(error)
 
     threads = [threading.Thread(target=work, args=(clips[i::workers],)) for i in range(workers)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    def start_and_join() -> None:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    seconds, _ = timed(start_and_join)
     if errors:
         raise errors[0]
-    return time.perf_counter() - started
+    return seconds
 
 
 def main() -> None:

@@ -12,9 +12,8 @@ CPU without bf16 instructions autocast emulates it (slower). Pause background jo
 from __future__ import annotations
 
 import argparse
-import time
 
-from _common import write_result
+from _common import timed, write_result
 
 
 def main() -> None:
@@ -47,10 +46,9 @@ def main() -> None:
                               np.random.default_rng([0, s]), config.audio_window) for s in range(args.updates + 3)]
         for step in range(3):
             train_step(model, optimizer, batches[step], full_to_short, config, step)
-        started = time.perf_counter()
-        losses = [train_step(model, optimizer, batches[step], full_to_short, config, step)
-                  for step in range(3, args.updates + 3)]
-        runs["bf16" if bf16 else "float32"].append({"updates_per_second": args.updates / (time.perf_counter() - started),
+        seconds, losses = timed(lambda: [train_step(model, optimizer, batches[step], full_to_short, config, step)
+                                         for step in range(3, args.updates + 3)])
+        runs["bf16" if bf16 else "float32"].append({"updates_per_second": args.updates / seconds,
                                                     "mean_loss": float(np.mean(losses))})
     summary = {name: max(r["updates_per_second"] for r in result) for name, result in runs.items()}
     write_result(args.out, {"work": args.work, "runs": runs, "best_updates_per_second": summary,

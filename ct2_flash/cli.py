@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.util
+import json
 import logging
 import os
 import statistics
@@ -15,6 +17,10 @@ import sys
 from typing import List, Optional
 
 from ct2_flash.audio import SAMPLE_AUDIO
+
+# Each subcommand imports what it uses in its own function: ``ct2-flash --help`` and
+# ``ct2-flash run`` (which must leave faster-whisper unloaded until the program imports it)
+# then load none of the engine, the benchmark or training code.
 
 
 
@@ -108,9 +114,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import importlib.util
-    import json
-
     missing = [name for name in ("jiwer", "whisper_normalizer", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
         print(f"ct2-flash bench needs {', '.join(missing)}: pip install 'ct2-flash[bench]' "
@@ -289,7 +292,6 @@ def _fetch_speech(args: argparse.Namespace) -> int:
 
 
 def _stream(args: argparse.Namespace) -> int:
-    import json
 
     from faster_whisper import WhisperModel
 

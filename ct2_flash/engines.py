@@ -7,7 +7,7 @@ local copy (``local``). When the worker fails, one warning is logged and the cal
 the patched runtime, re-encoding the features the encoding kept: the output is the patched
 runtime's (the same tokens on every clip measured), only slower.
 
-A greedy ``generate()`` on a worker's encoding runs where ``EnginePolicy`` measured it faster:
+A greedy ``generate()`` on a worker's encoding runs where ``EngineRouter`` measured it faster:
 in the worker, or in the patched runtime on a copy of the encoding. The encoder always runs in
 the worker: its output is what stock faster-whisper decodes from, and the patched encoder's
 differs from it in the last bits (and is slower: docs/measurements.md).
@@ -22,7 +22,7 @@ from typing import Optional
 import ctranslate2
 import numpy as np
 
-from ct2_flash.policy import EnginePolicy, produced_tokens
+from ct2_flash.routing import EngineRouter, produced_tokens
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
 
@@ -34,16 +34,16 @@ class Engines:
         model: the patched runtime's ``ctranslate2.models.Whisper`` (faster-whisper's own model).
         stock: the worker, or None to use the patched runtime for everything.
         policy: which engine runs greedy ``generate()`` calls on a worker's encoding (default
-            a new ``EnginePolicy``).
+            a new ``EngineRouter``).
 
     Attributes:
         generate_calls: engine ("stock", "patched") -> ``generate()`` calls it served.
     """
 
-    def __init__(self, model, stock: Optional[StockEngine] = None, policy: Optional[EnginePolicy] = None) -> None:
+    def __init__(self, model, stock: Optional[StockEngine] = None, policy: Optional[EngineRouter] = None) -> None:
         self.model = model
         self.stock = stock
-        self.policy = policy or EnginePolicy()
+        self.policy = policy or EngineRouter()
         self.stock_failures = 0
         self.generate_calls = {"stock": 0, "patched": 0}
         self._warned = False

@@ -26,12 +26,12 @@ from faster_whisper import WhisperModel
 from ct2_flash.audio import check_features, checked_audio
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
-from ct2_flash.runtime.draft_length import DraftLengthPolicy
+from ct2_flash.runtime.draft_lengths import DraftLengths
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_adapted
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter, audio_frames
 from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.engine.models import embedded_name, resolve_model
-from ct2_flash.policy import EnginePolicy, SpeculationPolicy, produced_tokens
+from ct2_flash.routing import EngineRouter, CallRouter, produced_tokens
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.runtime.stats import SpecStats
@@ -144,7 +144,7 @@ class SpeculativeWhisper:
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
-                 policy: Optional[SpeculationPolicy] = None, near_exact: bool = False,
+                 policy: Optional[CallRouter] = None, near_exact: bool = False,
                  engines: Optional[Engines] = None, redecodes: bool = True) -> None:
         self._model = model
         self.decoder = decoder
@@ -152,8 +152,8 @@ class SpeculativeWhisper:
         self.engines = engines or Engines(model)
         # Where the loop's passes are not single steps' computation, only an opt-in runs it.
         self.inexact_reason = inexact_reason(decoder.runtime.model.compute_type, near_exact)
-        self.policy = policy or SpeculationPolicy()
-        self._sampling_policies: Dict[Tuple[float, int], SpeculationPolicy] = {}
+        self.policy = policy or CallRouter()
+        self._sampling_policies: Dict[Tuple[float, int], CallRouter] = {}
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
         # What the one beam-search warning tells the user to do (``dropin`` names the client's option).
@@ -165,7 +165,7 @@ class SpeculativeWhisper:
         # streaming client's growing buffer) is offered its previous hypothesis, and judged by
         # a policy of its own, since how well the loop pays differs from fresh audio.
         self.recent = RecentWindows() if redecodes else None
-        self.redecode_policy = SpeculationPolicy(
+        self.redecode_policy = CallRouter(
             loop_first=REDECODE_LOOP_FIRST, min_probe_interval=REDECODE_PROBE_INTERVAL, max_probe_interval=REDECODE_PROBE_INTERVAL,
             probe_interval=REDECODE_PROBE_INTERVAL, next_probe=REDECODE_PROBE_INTERVAL)
         self._loop = threading.Lock()  # held by the one call in the speculative loop
@@ -188,12 +188,12 @@ class SpeculativeWhisper:
         self._encoded_audio.last = (output, audio_frames(features), fingerprint)
         return output
 
-    def policy_for(self, options: DecodingOptions) -> SpeculationPolicy:
+    def policy_for(self, options: DecodingOptions) -> CallRouter:
         """The policy that decides calls decoded with ``options`` (one per temperature and top-k)."""
         if not options.sampling:
             return self.policy
         key = (options.sampling_temperature, options.sampling_topk)
-        return self._sampling_policies.setdefault(key, SpeculationPolicy())
+        return self._sampling_policies.setdefault(key, CallRouter())
 
     def generate(self, features, prompts, **kwargs):
         """CTranslate2's ``Whisper.generate``; calls with ``beam_size=1`` run speculatively,
@@ -344,10 +344,10 @@ class FlashWhisperModel(WhisperModel):
         num_draft_tokens: K, the most tokens proposed per verification (default 8; clamped,
             with a warning, to what the drafter was trained for).
         adaptive: send a call to CTranslate2's own ``generate()`` when speculation measured
-            slower per token, and until it has been measured (``policy.SpeculationPolicy``:
+            slower per token, and until it has been measured (``routing.CallRouter``:
             ``generate()`` first, the loop measured a few calls later), and pause drafting
             inside a window while it measures slower than plain steps
-            (``governor.DraftGovernor``), and choose draft lengths from measured costs. The
+            (``draft_pause.DraftPause``), and choose draft lengths from measured costs. The
             tokens are the same either way. False drafts every round of every call; an
             ``Adaptive`` turns on only some of these.
         decoder_threads: on CPU, run the speculative decode loop on a second copy of the model
@@ -360,7 +360,7 @@ class FlashWhisperModel(WhisperModel):
             ``decoder_split``), and uses the one model otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
-            (``strategies.Guard``); a number, or one per row of the block. Default: 1e-3 at
+            (``acceptance.Guard``); a number, or one per row of the block. Default: 1e-3 at
             float32, 2.0 at every other compute type, the smallest margin with the most
             identical windows measured (docs/exactness.md, ``bench/results/earlier/guard_margin/``).
             0 turns the guard off.
@@ -377,7 +377,7 @@ class FlashWhisperModel(WhisperModel):
             outright (``decoding.SpeculativeDecoder``). The tokens' distribution is the
             target's either way.
         policy: decides per call whether the loop or ``generate()`` decodes it (default a new
-            ``SpeculationPolicy``); used only with ``adaptive``. Re-decodes have a policy of
+            ``CallRouter``); used only with ``adaptive``. Re-decodes have a policy of
             their own (``self.model.redecode_policy``), which measures the loop first.
         redecodes: remember, per thread, the last windows decoded greedily (their first second
             of audio and their tokens, ``redecodes.REMEMBERED`` of them), and offer a window's previous
@@ -400,13 +400,13 @@ class FlashWhisperModel(WhisperModel):
             faster than the patched runtime on these CPUs; the output is then faster-whisper's
             on stock ctranslate2, the engine users run. The loop gets a copy of the encoder
             output when a call speculates, and greedy ``generate()`` calls run on the patched
-            runtime instead where that measured faster (``policy.EnginePolicy``). Costs a
+            runtime instead where that measured faster (``routing.EngineRouter``). Costs a
             second copy of the model in memory (the sizes: README). If the worker cannot start
             or dies, one warning, and the patched runtime serves the calls (a dead worker is
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
         engine_policy: with the worker, decides per greedy ``generate()`` call which engine
-            runs it (default a new ``EnginePolicy``, which measures both); a benchmark or test
+            runs it (default a new ``EngineRouter``, which measures both); a benchmark or test
             that needs every call on one engine passes its own.
     """
 
@@ -421,10 +421,10 @@ class FlashWhisperModel(WhisperModel):
         guard_margin: Optional[float] = None,
         seed: Optional[int] = None,
         draw_drafts: bool = True,
-        policy: Optional[SpeculationPolicy] = None,
+        policy: Optional[CallRouter] = None,
         near_exact: bool = False,
         stock_engine: bool = True,
-        engine_policy: Optional[EnginePolicy] = None,
+        engine_policy: Optional[EngineRouter] = None,
         redecodes: bool = True,
         **kwargs,
     ) -> None:
@@ -460,7 +460,7 @@ class FlashWhisperModel(WhisperModel):
         engines = Engines(self.model, self._stock_engine(model_path, args, kwargs, seed) if stock_engine else None,
                           engine_policy)
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or SpeculationPolicy(), near_exact,
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or CallRouter(), near_exact,
                                         engines, redecodes)
 
     def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int]) -> Optional[StockEngine]:
@@ -539,13 +539,13 @@ class FlashWhisperModel(WhisperModel):
 
     def use_drafter(self, drafter: Drafter, adaptive: Union[bool, Adaptive] = False,
                     num_draft_tokens: Optional[int] = None,
-                    lengths: Optional[DraftLengthPolicy] = None) -> ContextManager[Drafter]:
+                    lengths: Optional[DraftLengths] = None) -> ContextManager[Drafter]:
         """Decode with ``drafter`` inside the block, then restore the model's own
         (``SpeculativeDecoder.use_drafter``: the vocabulary and K are checked; ``lengths``, a
         draft-length policy for the block).
 
         ``adaptive`` is off by default so that every call drafts every round: comparing
-        drafters wants them exercised, not the timing-dependent policy and governor.
+        drafters wants them exercised, not the timing-dependent policy and the draft pause.
         """
         return self.decoder.use_drafter(drafter, adaptive, num_draft_tokens, lengths)
 
@@ -612,6 +612,7 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
         drafter = shipped
     if not isinstance(drafter, str):
         raise TypeError(f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}")
+    # Here: ONNX Runtime loads only for a model that has a drafter directory.
     from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
 
     if not os.path.isdir(drafter):

@@ -1,11 +1,12 @@
 """Table-driven tests of greedy acceptance (vLLM's rejection-sampler test style)."""
 
+import math
+
 import numpy as np
 import pytest
 
-from ct2_flash.runtime.acceptance import greedy_accept
+from ct2_flash.runtime.acceptance import Draft, GreedyAcceptance, Guard, draw, greedy_accept, sample_accept
 from ct2_flash.runtime.logit_rules import LogitRules, SpecialTokens
-from ct2_flash.runtime.strategies import Draft, GreedyAcceptance, Guard
 
 EOT = 50256
 
@@ -37,12 +38,6 @@ def test_greedy_accept(name, drafts, target_rows, accepted, next_token, rows_rea
 
 
 # --- speculative sampling: the output is distributed as the target's own sampling -------------
-
-import math  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from ct2_flash.runtime.acceptance import draw, sample_accept  # noqa: E402
 
 VOCAB = 6
 SAMPLING_EOT = 5

@@ -183,8 +183,8 @@ def test_cache_always_one_behind_the_text():
         assert cache_length == len(PROMPT) + generated_length - 1
 
 
-def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
-    from ct2_flash.runtime.governor import STEP_OVER_VERIFY, DraftGovernor
+def test_draft_pause_stops_only_when_drafting_is_slower_than_plain_steps():
+    from ct2_flash.runtime.draft_pause import STEP_OVER_VERIFY, DraftPause
 
     # Rounds of 10 ms verification, 1 ms bookkeeping: a plain step would cost 0.55 * 10 + 1 ms.
     plain = STEP_OVER_VERIFY * 0.010 + 0.001
@@ -196,25 +196,25 @@ def test_draft_governor_stops_only_when_drafting_is_slower_than_plain_steps():
         (0.000, 2, 5, True),  # a free drafter with 2 tokens per round
     ]
     for drafter_seconds, tokens, rounds, pays in cases:
-        governor = DraftGovernor(min_rounds=3)
+        pause = DraftPause(min_rounds=3)
         for _ in range(rounds):
-            governor.record(tokens, drafter_seconds + 0.011, drafter_seconds, 0.010)
-        assert governor.pays() is pays, (drafter_seconds, tokens, rounds)
-        assert (governor.round_seconds / governor.emitted <= plain) is pays or rounds < 3
+            pause.record(tokens, drafter_seconds + 0.011, drafter_seconds, 0.010)
+        assert pause.pays() is pays, (drafter_seconds, tokens, rounds)
+        assert (pause.round_seconds / pause.emitted <= plain) is pays or rounds < 3
     # A measured single-token pass replaces the estimate: at 9 ms per plain step, 16 ms for
     # 2 tokens pays; at 5 ms it does not.
-    governor = DraftGovernor(min_rounds=3)
+    pause = DraftPause(min_rounds=3)
     for _ in range(3):
-        governor.record(2, 0.016, 0.005, 0.010)
-    assert governor.pays(step_seconds=0.009) and not governor.pays(step_seconds=0.005)
+        pause.record(2, 0.016, 0.005, 0.010)
+    assert pause.pays(step_seconds=0.009) and not pause.pays(step_seconds=0.005)
 
 
 def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatch):
-    from ct2_flash.runtime import governor
+    from ct2_flash.runtime import draft_pause
 
-    verdicts = iter([False, True, True, True])  # the first governor says stop, later ones go on
-    monkeypatch.setattr(governor.DraftGovernor, "pays", lambda self, step_seconds=None: next(verdicts))
-    monkeypatch.setattr(governor, "RESUME_AFTER_TOKENS", 2)
+    verdicts = iter([False, True, True, True])  # the first pause says stop, later ones go on
+    monkeypatch.setattr(draft_pause.DraftPause, "pays", lambda self, step_seconds=None: next(verdicts))
+    monkeypatch.setattr(draft_pause, "RESUME_AFTER_TOKENS", 2)
     drafter, runtime, stats = ScriptDrafter(), FakeRuntime(), SpecStats()
     decoder = SpeculativeDecoder(runtime, drafter, 2, stats, adaptive=True)
     result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
@@ -312,11 +312,11 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
 def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(monkeypatch, prefixes):
     """Only a drafter whose short proposals are prefixes of long ones (and cheaper) is asked for
     fewer than K; the others compute their K rows whatever the policy would choose."""
-    from ct2_flash.runtime import governor
-    from ct2_flash.runtime.draft_length import DraftLengthPolicy
+    from ct2_flash.runtime import draft_pause
+    from ct2_flash.runtime.draft_lengths import DraftLengths
 
-    monkeypatch.setattr(governor.DraftGovernor, "pays", lambda self, step_seconds=None: True)
-    monkeypatch.setattr(DraftLengthPolicy, "rows", lambda self, limit: min(limit, 2))
+    monkeypatch.setattr(draft_pause.DraftPause, "pays", lambda self, step_seconds=None: True)
+    monkeypatch.setattr(DraftLengths, "rows", lambda self, limit: min(limit, 2))
     drafter = ScriptDrafter(wrong_at=range(2, 20, 2))
     drafter.proposes_prefixes = prefixes
     decoder = SpeculativeDecoder(FakeRuntime(), drafter, 6, SpecStats(), adaptive=True)

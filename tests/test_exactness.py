@@ -29,7 +29,7 @@ import pytest
 from ct2_flash import FlashWhisperModel
 from ct2_flash.drafting.base import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
-from ct2_flash.policy import SpeculationPolicy
+from ct2_flash.routing import CallRouter
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
@@ -80,7 +80,7 @@ PARAMS = [pytest.param(*case, names, id=f"fast-{_case_id(case)}") for case, name
 SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
 
 
-class AlwaysSpeculate(SpeculationPolicy):
+class AlwaysSpeculate(CallRouter):
     def speculate(self, batch_size: int) -> bool:
         return True
 
@@ -95,7 +95,7 @@ def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps
         assert type(decoder.drafter).__name__ == ("OnnxDrafter" if SHIPPED else "PromptLookupDrafter")
     drafter = decoder.drafter if kind.startswith("default") else drafter_for(kind, pair)
     # Draft every round, the point being to stress the loop, except in the users' setting,
-    # where the governor and the draft-length policy decide inside speculative calls (every
+    # where the draft pause and the draft lengths decide inside speculative calls (every
     # call is speculative here: the policy would send most of them to generate()).
     if kind == "default-adaptive":
         flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, policy=AlwaysSpeculate())

@@ -12,7 +12,7 @@ LAYERS = [
     ("engine", "stock"),          # the CTranslate2 runtimes (patched here, stock in a worker) and model files
     ("drafting",),                # drafters: interface, files, ONNX round, PyTorch network
     ("runtime",),                 # target sequence, logit rules, acceptance, the loop
-    ("audio", "policy", "engines", "redecodes", "thread_split", "whisper_model", "streaming", "dropin",
+    ("audio", "routing", "engines", "redecodes", "thread_split", "whisper_model", "streaming", "dropin",
      "run_program"),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
     ("validation",),              # reference drafters, exactness comparisons, fuzzing
     ("benchmark", "train", "converters"),

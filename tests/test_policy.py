@@ -5,20 +5,20 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.runtime.draft_length import DraftLengthPolicy
-from ct2_flash.policy import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, SpeculationPolicy
+from ct2_flash.runtime.draft_lengths import DraftLengths
+from ct2_flash.routing import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, CallRouter
 
 from ct2_flash import FlashWhisperModel
 
 from .conftest import THREADS, segments_of
 
 
-class ForcedGenerate(SpeculationPolicy):
+class ForcedGenerate(CallRouter):
     def speculate(self, batch_size):
         return False
 
 
-class ForcedSpeculation(SpeculationPolicy):
+class ForcedSpeculation(CallRouter):
     def speculate(self, batch_size):
         return True
 
@@ -37,7 +37,7 @@ def test_generate_goes_first_then_the_loop_is_measured_and_a_close_loser_probed_
     """faster-whisper's own call first, so a process of a few calls is never slower; the loop
     is measured at the first probe; a close loser (2% slower) is probed soon, then at doubling
     intervals."""
-    ways = _run(SpeculationPolicy(), 200, speculative_cost=1.02, generate_cost=1.0)
+    ways = _run(CallRouter(), 200, speculative_cost=1.02, generate_cost=1.0)
     assert ways[:FIRST_PROBE_INTERVAL] == [False] * FIRST_PROBE_INTERVAL
     assert ways[FIRST_PROBE_INTERVAL] is True  # the loop's first measurement
     probes = [i for i, way in enumerate(ways) if way]
@@ -49,7 +49,7 @@ def test_generate_goes_first_then_the_loop_is_measured_and_a_close_loser_probed_
 
 
 def test_a_process_of_few_calls_never_runs_the_loop_even_when_it_would_lose_badly():
-    ways = _run(SpeculationPolicy(), FIRST_PROBE_INTERVAL, speculative_cost=3.0, generate_cost=1.0)
+    ways = _run(CallRouter(), FIRST_PROBE_INTERVAL, speculative_cost=3.0, generate_cost=1.0)
     assert not any(ways)
 
 
@@ -62,20 +62,20 @@ def test_probes_of_a_clear_loser_stay_within_the_budget(loss, most_probes, most_
     """The probes' extra time stays near 1% of the decoding (PROBE_BUDGET), and a loser is
     probed at most once in 64 calls (MAX_PROBE_INTERVAL) however large its loss: over 300 calls."""
     calls = 300
-    ways = _run(SpeculationPolicy(), calls, speculative_cost=1.0 + loss, generate_cost=1.0)
+    ways = _run(CallRouter(), calls, speculative_cost=1.0 + loss, generate_cost=1.0)
     probes = sum(ways)  # the first is the loop's measurement
     assert 1 <= probes <= most_probes
     assert probes * loss / calls <= most_overhead
 
 
 def test_keeps_speculating_when_it_is_cheaper():
-    ways = _run(SpeculationPolicy(), 100, speculative_cost=0.5, generate_cost=1.0)
+    ways = _run(CallRouter(), 100, speculative_cost=0.5, generate_cost=1.0)
     assert not any(ways[:FIRST_PROBE_INTERVAL]) and all(ways[FIRST_PROBE_INTERVAL:FIRST_PROBE_INTERVAL + 10])
     assert sum(not way for way in ways) <= FIRST_PROBE_INTERVAL + 3
 
 
 def test_switches_when_the_costs_change():
-    policy = SpeculationPolicy()
+    policy = CallRouter()
     _run(policy, 50, speculative_cost=0.5, generate_cost=1.0)
     later = _run(policy, 200, speculative_cost=3.0, generate_cost=1.0)
     assert not any(later[-100:-1]) or sum(later[-100:]) <= 3
@@ -86,7 +86,7 @@ def test_a_call_weighs_as_many_tokens_as_it_produced():
     call costs more per token on either way. Seen live on the test clips: one 5-token call at
     16 ms per token lifted generate()'s running cost above a loop 25% slower, which then took
     four long windows in a row. A running cost is running seconds over running tokens."""
-    policy = SpeculationPolicy()
+    policy = CallRouter()
     policy.record(False, 1, 0.80, 100)  # 8 ms per token
     policy.record(False, 1, 0.08, 5)  # 16 ms per token, 5 tokens
     assert policy.generate_cost[1] == pytest.approx((0.7 * 0.80 + 0.3 * 0.08) / (0.7 * 100 + 0.3 * 5))
@@ -120,7 +120,7 @@ def test_the_adaptive_parts_turn_on_alone(model_path, clips):
 
 
 def test_batches_are_compared_with_generate_at_their_own_size():
-    policy = SpeculationPolicy()
+    policy = CallRouter()
     _run(policy, 10, speculative_cost=0.5, generate_cost=1.0)
     assert policy.speculate(8) is False  # no generate() measurement at batch 8 yet
 
@@ -165,7 +165,7 @@ def test_draft_length_picks_the_count_a_cost_curve_makes_best(confidences, slope
     """On a synthetic cost curve (a 5 ms step, each verified row ``slope`` of a step more) and a
     drafter calibrated by what it got right, the chosen count is the one that is obviously
     best, with its neighbours at least 5% fewer tokens per second."""
-    policy = DraftLengthPolicy()
+    policy = DraftLengths()
     rng = np.random.default_rng(0)
     cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds
     # Verifications of every length, each accepting as the calibration says (q = p here).
@@ -182,7 +182,7 @@ def test_draft_length_picks_the_count_a_cost_curve_makes_best(confidences, slope
 
 
 def test_calibration_learns_an_overconfident_drafter():
-    policy = DraftLengthPolicy()
+    policy = DraftLengths()
     for _ in range(200):  # says 0.95, is right a fifth of the time
         accepted = int(np.random.default_rng(_).random() < 0.2)
         policy.observe(1, accepted, accepted < 1, 0.005, [math.log(0.95)])
@@ -191,7 +191,7 @@ def test_calibration_learns_an_overconfident_drafter():
 
 
 def test_rows_asks_for_every_draft_until_both_costs_are_timed():
-    policy = DraftLengthPolicy()
+    policy = DraftLengths()
     assert policy.rows(8) == 8 and policy.rows(1) == 1
     policy.observe(0, 0, False, 0.005)
     assert policy.rows(8) == 8  # the proposal's cost is still unknown
@@ -208,7 +208,7 @@ def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(a
                                                                               rows_of_8, rows_of_3):
     """Before a proposal, k is the row count with the most expected tokens per second of
     verification plus proposal (by the acceptance observed at each position), plus one."""
-    policy = DraftLengthPolicy()
+    policy = DraftLengths()
     rng = np.random.default_rng(1)
     verify = lambda n: 0.005 * (1 + 0.07 * n)  # noqa: E731
     propose = lambda k: 0.0011 * (1 + propose_slope * k)  # noqa: E731
@@ -234,7 +234,7 @@ def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(accepta
     """Offered tokens are counted apart from the drafter's: their rounds teach the offered
     acceptance and the verification cost, not the acceptance by position the drafter's
     length uses."""
-    policy = DraftLengthPolicy()
+    policy = DraftLengths()
     rng = np.random.default_rng(2)
     cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds
     for _ in range(300):
@@ -252,7 +252,7 @@ def test_a_re_decode_policy_measures_the_loop_first_and_probes_the_loser_every_f
     """``SpeculativeWhisper.redecode_policy``: the first calls go to the loop, then generate()
     is measured, and however much the loop loses it is probed again every ``max_probe_interval``
     calls (a growing buffer changes which way wins)."""
-    policy = SpeculationPolicy(loop_first=3, min_probe_interval=4, max_probe_interval=4, probe_interval=4, next_probe=4)
+    policy = CallRouter(loop_first=3, min_probe_interval=4, max_probe_interval=4, probe_interval=4, next_probe=4)
     ways = []
     for _ in range(16):
         speculative = policy.speculate(1)

@@ -14,7 +14,7 @@ import pytest
 from ct2_flash import FlashWhisperModel
 from ct2_flash.stock import client, protocol
 from ct2_flash.stock.client import RemoteEncoding, StockEngine
-from ct2_flash.policy import EnginePolicy
+from ct2_flash.routing import EngineRouter
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
 
 from .conftest import THREADS, segments_of
@@ -93,7 +93,7 @@ def test_model_with_the_worker_gives_the_same_segments(stock_flash, float32_pair
     assert engines.stock.running and engines.stock_failures == 0
 
 
-class OnePatched(EnginePolicy):
+class OnePatched(EngineRouter):
     """Every greedy call on the patched runtime while ``forced``; the default's choice otherwise."""
 
     def __init__(self, forced: bool = True) -> None:

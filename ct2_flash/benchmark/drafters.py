@@ -72,6 +72,8 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
     ``compute_type`` and ``threads``, for the target's greedy output (the model runs it with
     ``adaptive=False``: it shows the loop's ceiling, so no call may go to ``generate()``)."""
     options = dict(options)
+    # Each kind imports its own engine here: ONNX Runtime, PyTorch or a second CTranslate2
+    # model load only for the drafter a run asks for.
     if spec == ORACLE:
         import ctranslate2
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import ctranslate2
 import numpy as np
 
 from ct2_flash.benchmark.measure import Measurement, measure
@@ -26,7 +27,7 @@ from ct2_flash.benchmark.machine import machine
 from ct2_flash.benchmark.stock import StockWorker
 from ct2_flash.benchmark.drafters import ORACLE, build_drafter
 from ct2_flash.engine.models import resolve_model
-from ct2_flash.runtime.draft_length import CONFIDENCE_BINS
+from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS
 
 SAMPLE_RATE = 16000
 
@@ -247,7 +248,6 @@ def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], a
     Returns:
         per utterance index (a manifest may list one file twice): name -> results in repeat order.
     """
-    import ctranslate2
     from tqdm import tqdm
 
     runs: List[Dict[str, list]] = [{name: [] for name in systems} for _ in utterances]
@@ -305,11 +305,11 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
         "draft_rounds": counts.draft_rounds,
-        # The governor's decisions depend on timing: these two are from the first repeat.
+        # The draft pause's decisions depend on timing: these two are from the first repeat.
         "drafting_stopped": counts.windows_drafting_stopped,
         "drafting_resumed": counts.drafting_resumed,
         "rows_rechecked": counts.rows_rechecked,
-        # Which way the calls went (SpeculationPolicy): rows of the speculative loop and rows
+        # Which way the calls went (CallRouter): rows of the speculative loop and rows
         # sent to CTranslate2's generate(); timing-dependent, from the first repeat.
         "speculative_rows": counts.generate_calls,
         "generate_rows": counts.generate_rows,

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import ast
 import glob
+import gzip
+import io
 import logging
 import os
 import re
@@ -101,15 +103,12 @@ def _download_debs(packages: List[str], directory: str) -> List[str]:
 
 def _deb_files(deb: str) -> tarfile.TarFile:
     """The file tree of a .deb (``dpkg-deb --fsys-tarfile``) as an in-memory tar archive."""
-    import io
 
     tree = subprocess.run(["dpkg-deb", "--fsys-tarfile", deb], capture_output=True, check=True).stdout
     return tarfile.open(fileobj=io.BytesIO(tree))
 
 
 def _unpack_asterisk(debs: List[str], audio_dir: str) -> List[Utterance]:
-    import gzip
-
     transcripts: Dict[str, str] = {}
     archives = [_deb_files(deb) for deb in debs]
     for tar in archives:

@@ -4,7 +4,7 @@ decode call's own bookkeeping, and a stopwatch for everything else that times a 
 The decode loop calls the target and the drafter only through ``TimedTarget`` and
 ``TimedDrafter``; each call's wall time goes into ``SpecStats`` (``verify_seconds``: the
 engine's passes and rollbacks; ``drafter_seconds``: the drafter's calls and the state recovery
-that feeds it) and into a ``RoundClock``, which hands the governor and the draft-length policy
+that feeds it) and into a ``RoundClock``, which hands DraftPause and DraftLengths
 what one round cost; ``call_bookkeeping`` adds what the loop itself spent (``other_seconds``).
 The round itself then reads as the algorithm, with no timers in it. ``Stopwatch`` times the
 rest (the encoder, ``generate()`` calls, the thread-split measurement, benchmark passes).

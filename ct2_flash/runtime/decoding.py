@@ -25,13 +25,13 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
-from ct2_flash.runtime import governor, row_scores
+from ct2_flash.runtime import draft_pause, row_scores
 from ct2_flash.runtime.acceptance import Acceptance
 from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
-from ct2_flash.runtime.draft_length import MAX_OFFERED, DraftLengthPolicy
+from ct2_flash.runtime.draft_lengths import MAX_OFFERED, DraftLengths
 from ct2_flash.runtime.logit_rules import LogitRules
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.strategies import Draft, GreedyAcceptance, Guard, SampledAcceptance
+from ct2_flash.runtime.acceptance import Draft, GreedyAcceptance, Guard, SampledAcceptance
 from ct2_flash.runtime.target import PromptLayout, TargetRuntime
 
 
@@ -76,11 +76,11 @@ class Adaptive:
 
     Attributes:
         route_calls: each call goes the way measured faster, the loop or CTranslate2's
-            ``generate()`` (``policy.SpeculationPolicy``; the model adapter asks it).
+            ``generate()`` (``routing.CallRouter``; the model adapter asks it).
         pause_drafting: drafting pauses for a stretch of a window while it measures slower
-            than plain steps, then is probed again (``governor.DraftGovernor``).
+            than plain steps, then is probed again (``draft_pause.DraftPause``).
         draft_lengths: the rows asked of the drafter and the drafts verified per round follow
-            measured costs (``draft_length.DraftLengthPolicy``); off: K rows, all verified.
+            measured costs (``draft_lengths.DraftLengths``); off: K rows, all verified.
     """
 
     route_calls: bool = True
@@ -122,12 +122,12 @@ class SpeculativeDecoder:
             proposes is clamped to that, with a warning).
         stats: counters to update.
         adaptive: the timing-driven choices (``Adaptive``; True: all, False: none): pausing
-            drafting in a window the ``DraftGovernor`` finds slower than plain steps, draft
+            drafting in a window the ``DraftPause`` finds slower than plain steps, draft
             lengths from measured costs, and the adapter's per-call routing (off by default
             here; the model adapter turns them on).
         guard_margin: a row of a multi-token pass whose choice is closer than this (in logits,
             see ``LogitRules.choose``) to going another way is decided again by a single-token
-            pass, which is what greedy ``generate()`` computes (``strategies.Guard``).
+            pass, which is what greedy ``generate()`` computes (``acceptance.Guard``).
             Multi-token rows are not the same computation as single steps (at int8 they move by
             up to ~1 logit), so this trades a few extra passes for identity; 0 turns it off. A
             sequence gives one margin per row of the block (row 0 follows the anchor; the last
@@ -172,7 +172,7 @@ class SpeculativeDecoder:
         self.step_seconds: Optional[float] = None
         # Drafts per round from the drafter's confidence and the measured verification cost
         # (only with adaptive: otherwise every proposed token is verified).
-        self.lengths = DraftLengthPolicy()
+        self.lengths = DraftLengths()
 
     @property
     def guard_margin(self) -> Union[float, Tuple[float, ...]]:
@@ -182,7 +182,7 @@ class SpeculativeDecoder:
     @contextmanager
     def use_drafter(self, drafter: Drafter, adaptive: Union[bool, Adaptive] = False,
                     num_draft_tokens: Optional[int] = None,
-                    lengths: Optional[DraftLengthPolicy] = None) -> Iterator[Drafter]:
+                    lengths: Optional[DraftLengths] = None) -> Iterator[Drafter]:
         """Decode with ``drafter`` (and ``adaptive``, K = ``num_draft_tokens`` and the
         draft-length policy ``lengths``, where given) inside the block, then restore them all:
         the one way to swap a drafter in. Checked as the constructor checks
@@ -344,7 +344,7 @@ class SpeculativeDecoder:
         """The round's drafts: none while drafting is paused or an unsure row waits for its
         single-token pass; the drafter's offered tokens if it has any (up to ``MAX_OFFERED``,
         as many as pay when adaptive); otherwise up to K proposed (fewer when the budget ends
-        or, adaptive, when more would not pay: ``DraftLengthPolicy`` chooses how many rows the
+        or, adaptive, when more would not pay: ``DraftLengths`` chooses how many rows the
         drafter computes, then how many of its drafts are verified), drawn from the drafter's
         distribution under sampling."""
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
@@ -387,13 +387,13 @@ class SpeculativeDecoder:
         states = np.concatenate(state.pending_states) if state.pending_states else None
         drafter.advance_states(states, cache_length)
         state.pending_states = []
-        state.governor = governor.DraftGovernor()
+        state.pause = draft_pause.DraftPause()
         state.drafting = True
         state.resume_at = math.inf
 
     def _learn(self, state: "_Decoding", draft: Draft, outcome: Acceptance, clock: RoundClock) -> None:
         """After a round: its counters, what the draft-length policy and the guard learn from
-        it, and the governor's verdict on drafting in this window."""
+        it, and the pause's verdict on drafting in this window."""
         stats = self.stats
         stats.emitted += outcome.emitted
         stats.drafting_resumed += int(draft.resumed)
@@ -421,12 +421,12 @@ class SpeculativeDecoder:
                 stats.record_confidences(confidences, outcome.accepted, rejected)
         if state.finished or not state.drafting:
             return
-        state.governor.record(outcome.emitted, clock.elapsed, clock.drafter_seconds, clock.verify_seconds)
-        if state.pausing and not state.governor.pays(self.step_seconds):
+        state.pause.record(outcome.emitted, clock.elapsed, clock.drafter_seconds, clock.verify_seconds)
+        if state.pausing and not state.pause.pays(self.step_seconds):
             # Plain steps for a while; the drafter's history is kept complete so that a
             # later stretch of the window, where drafting may pay, can be probed again.
             state.drafting = False
-            state.resume_at = governor.resume_position(len(state.generated))
+            state.resume_at = draft_pause.resume_position(len(state.generated))
             stats.windows_drafting_stopped += 1
 
     def _observe_step(self, seconds: float) -> None:
@@ -441,14 +441,14 @@ class _Decoding:
 
     rules: LogitRules
     generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
-    strategy: object = None  # GreedyAcceptance or SampledAcceptance (``strategies``)
+    strategy: object = None  # GreedyAcceptance or SampledAcceptance (``acceptance``)
     steps_left: int = 0
     lengths: bool = False  # draft lengths follow measured costs (Adaptive.draft_lengths)
-    pausing: bool = False  # the governor may pause drafting (Adaptive.pause_drafting)
+    pausing: bool = False  # DraftPause may pause drafting (Adaptive.pause_drafting)
     log_prob_sum: float = 0.0
     sampled: bool = False
     drafting: bool = True
-    governor: governor.DraftGovernor = field(default_factory=governor.DraftGovernor)
+    pause: draft_pause.DraftPause = field(default_factory=draft_pause.DraftPause)
     resume_at: float = math.inf  # len(generated) at which stopped drafting is probed again
     pending_states: List[np.ndarray] = field(default_factory=list)  # [1, d] per plain step
 

@@ -167,6 +167,7 @@ def _cpu_flags():
 
 @functools.lru_cache(maxsize=None)
 def _session():
+    # Here: ONNX Runtime loads on the first scored row, not with the package.
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
-from ct2_flash.runtime.draft_length import CONFIDENCE_BINS, DraftLengthPolicy
+from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS, DraftLengths
 
 
 @dataclass
@@ -37,7 +37,7 @@ class SpecStats:
         fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged because the loop
             does not implement them (beam search, options it does not handle).
         generate_rows: rows decoded by CTranslate2's ``generate()`` because speculation
-            measured slower (``policy.SpeculationPolicy``) or the loop was busy.
+            measured slower (``routing.CallRouter``) or the loop was busy.
         redecodes: greedy calls whose window's audio the same thread decoded before (its
             previous hypothesis is offered, ``redecodes.RecentWindows``).
         offered_rounds: rounds that verified offered tokens (a previous hypothesis of the
@@ -46,7 +46,7 @@ class SpecStats:
         busy_calls: calls the policy sent to the loop that went to ``generate()`` because
             another thread was decoding in it.
         calibration: [K][bins] counts (judged, accepted) of draft positions by the drafter's
-            confidence bin (``draft_length.DraftLengthPolicy.bins``), for the calibration plot;
+            confidence bin (``draft_lengths.DraftLengths.bins``), for the calibration plot;
             a position counts when every draft before it was accepted.
     """
 
@@ -106,7 +106,7 @@ class SpecStats:
 
     def record_confidences(self, log_probs: Sequence[float], accepted: int, rejected: bool) -> None:
         """Count the judged positions of one verified block by confidence bin."""
-        bins = DraftLengthPolicy.bins(log_probs[: accepted + int(rejected)])
+        bins = DraftLengths.bins(log_probs[: accepted + int(rejected)])
         while len(self.calibration) < len(log_probs):
             self.calibration.append([[0, 0] for _ in range(CONFIDENCE_BINS)])
         for position, index in enumerate(bins):

@@ -26,7 +26,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
+from ct2_flash.drafting.base import PADDING_FRAMES_SEEN, audio_frames
 def prompt_for(utterance_id: str, special) -> List[int]:
     """Timestamps on or off, chosen by a stable hash of the id."""
     with_timestamps = hashlib.sha1(utterance_id.encode()).digest()[0] % 2 == 0
@@ -111,7 +111,6 @@ def _extract_group(model, runtime, special, data_dir: str, out_dir: str, entries
 
 def _extract_one(runtime, special, out_dir: str, entry: Dict, features: np.ndarray, encoder_output, prompt: List[int],
                  tokens: List[int], model) -> Dict:
-    from ct2_flash.drafting.base import audio_frames
 
     ended = len(tokens) < 224  # stopped on end-of-text, not on the budget
     full = tokens + ([special.eot] if ended else [])

@@ -432,7 +432,7 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
     model.eval()
     stats = decoder.stats
     stats.reset()
-    # Every round drafts all K (no governor, no confidence cut): the network is what is judged.
+    # Every round drafts all K (no draft pause, no confidence cut): the network is what is judged.
     with decoder.use_drafter(FlashDrafter(model, min_confidence=0.0, audio_window=audio_window)):
         for example in examples:
             encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# After drafting stopped in a window, plain steps run for this many tokens before the governor
+# After drafting stopped in a window, plain steps run for this many tokens before DraftPause
 # probes drafting again (a window's later speech may suit the drafter better than its start;
 # a probe that fails costs a few rounds' overhead, little against the stretch).
 RESUME_AFTER_TOKENS = 32
@@ -22,7 +22,7 @@ def resume_position(emitted: int) -> int:
 
 
 @dataclass
-class DraftGovernor:
+class DraftPause:
     """Decides whether drafting pays in the current stretch of a window.
 
     After ``min_rounds`` drafting rounds it compares their measured time per emitted token

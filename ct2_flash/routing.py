@@ -2,9 +2,9 @@
 
 Speculation only pays when the drafter's accepted tokens save more target passes than the
 draft rounds and the wider verification cost, which depends on the drafter, the audio, the
-engine's kernels and the CPU. The in-window ``DraftGovernor`` can only fall back to plain
+engine's kernels and the CPU. The in-window ``DraftPause`` can only fall back to plain
 steps driven from Python, which cost more than CTranslate2's internal greedy loop. So the
-adapter asks ``SpeculationPolicy`` per call: it keeps a running cost per token of both ways
+adapter asks ``CallRouter`` per call: it keeps a running cost per token of both ways
 (measured on the calls they served) and sends each call the cheaper way, probing the other one
 now and then, since the audio or the machine's load can change which wins. The tokens are the
 same either way: ``generate()`` is the call faster-whisper itself makes.
@@ -48,7 +48,7 @@ def produced_tokens(results) -> int:
 
 
 @dataclass
-class SpeculationPolicy:
+class CallRouter:
     """Chooses per call; one per model, shared by its threads (decisions are advisory, so a
     race between two threads only changes which way one call goes, never its tokens).
 
@@ -128,23 +128,23 @@ class SpeculationPolicy:
 
 
 @dataclass
-class EnginePolicy:
+class EngineRouter:
     """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in
     the stock worker: the worker (what faster-whisper users run, measured first) or the patched
     runtime, on a copy of the encoding. The two engines' greedy decoders differ in speed by CPU
     and compute type (the patched one from 11% faster to 18% slower, docs/measurements.md), not
     in tokens (``bench/fork_generate.py`` measures that). Same measurement and probing as
-    ``SpeculationPolicy``, with the patched runtime in the loop's place.
+    ``CallRouter``, with the patched runtime in the loop's place.
     """
 
-    choice: SpeculationPolicy = field(default_factory=SpeculationPolicy)
+    choice: CallRouter = field(default_factory=CallRouter)
 
     def patched(self, batch_size: int) -> bool:
         """Whether the next greedy call with ``batch_size`` rows should run on the patched runtime."""
         return self.choice.speculate(batch_size)
 
     def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
-        """Fold one call into the running costs (as ``SpeculationPolicy.record``)."""
+        """Fold one call into the running costs (as ``CallRouter.record``)."""
         self.choice.record(patched, batch_size, seconds, tokens)
 
     @property

@@ -88,7 +88,7 @@ class LinearCost:
 
 
 @dataclass
-class DraftLengthPolicy:
+class DraftLengths:
     """Chooses k and n per round and learns from the outcome.
 
     Attributes:
