@@ -186,6 +186,8 @@ $PY bench/adapt_domains.py --domain mfa --holdout 0.5 --compute-type float32 --s
 $PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type float32 --sets held_out other \
   --modes every_round --out $OUT/adapt
 $PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type int8 --sets held_out --out $OUT/adapt
+# The ceiling on those held-out halves: an always-right drafter.
+$PY bench/adapt_ceiling.py --out $OUT/adapt/ceiling.json
 $PY bench/adapt_ablation.py --domain mfa --out $OUT/adapt/ablation.json
 $PY bench/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt --out $OUT/adapt/bf16.json
 
