@@ -31,7 +31,7 @@ from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_ad
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter, audio_frames
 from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.engine.models import embedded_name, resolve_model
-from ct2_flash.routing import EngineRouter, CallRouter, produced_tokens
+from ct2_flash.routing import CallRouter, EngineRouter, produced_tokens
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.runtime.stats import SpecStats

@@ -26,12 +26,11 @@ import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
 from ct2_flash.runtime import draft_pause, row_scores
-from ct2_flash.runtime.acceptance import Acceptance
+from ct2_flash.runtime.acceptance import Acceptance, Draft, GreedyAcceptance, Guard, SampledAcceptance
 from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
 from ct2_flash.runtime.draft_lengths import MAX_OFFERED, DraftLengths
 from ct2_flash.runtime.logit_rules import LogitRules
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.acceptance import Draft, GreedyAcceptance, Guard, SampledAcceptance
 from ct2_flash.runtime.target import PromptLayout, TargetRuntime
 
 
@@ -184,7 +183,7 @@ class SpeculativeDecoder:
                     num_draft_tokens: Optional[int] = None,
                     lengths: Optional[DraftLengths] = None) -> Iterator[Drafter]:
         """Decode with ``drafter`` (and ``adaptive``, K = ``num_draft_tokens`` and the
-        draft-length policy ``lengths``, where given) inside the block, then restore them all:
+        draft lengths ``lengths``, where given) inside the block, then restore them all:
         the one way to swap a drafter in. Checked as the constructor checks
         (``checked_draft_count``).
 
@@ -392,7 +391,7 @@ class SpeculativeDecoder:
         state.resume_at = math.inf
 
     def _learn(self, state: "_Decoding", draft: Draft, outcome: Acceptance, clock: RoundClock) -> None:
-        """After a round: its counters, what the draft-length policy and the guard learn from
+        """After a round: its counters, what ``DraftLengths`` and the guard learn from
         it, and the pause's verdict on drafting in this window."""
         stats = self.stats
         stats.emitted += outcome.emitted
