@@ -39,17 +39,17 @@ def two_sample_statistic(a: Counter, b: Counter) -> tuple:
                                                    pytest.param("no timestamps", "oracle", marks=pytest.mark.slow)])
 def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt_name, drafter):
     """At T = 1, the first three tokens sampled through the loop follow CTranslate2's own
-    sampling (two-sample chi-square over 300 draws each, false-alarm rate 1e-3), with drafts
+    sampling (two-sample chi-square over 200 draws each, false-alarm rate 1e-3), with drafts
     proposed outright (the oracle: the target's greedy tokens, so drafts are accepted and
     rejected) and drafts drawn from the shipped drafter's own distribution (the rejection
     rule with q)."""
     flash = seeded
     encoder_output = flash.encode_window(clips["clip01_slt.ogg"])
     prompt = [50257] if prompt_name == "timestamps" else [50257, 50362]
-    draws = 300
+    draws = 200
     options = dict(SAMPLED, max_length=len(prompt) + 6)  # 3 steps: min(max_length // 2, max_length - context)
-    # One hypothesis per call: CTranslate2 decodes num_hypotheses=300 as a batch of 300 rows
-    # over the whole window, slower than 300 single calls; each call samples afresh either way.
+    # One hypothesis per call: CTranslate2 decodes num_hypotheses=200 as a batch of 200 rows
+    # over the whole window, slower than 200 single calls; each call samples afresh either way.
     theirs = Counter(tuple(flash.reference_model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
                      for _ in range(draws))
     chosen = OracleDrafter(flash.reference_model) if drafter == "oracle" else flash.decoder.drafter

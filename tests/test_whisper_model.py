@@ -29,10 +29,11 @@ def words_of(model, audio, **options):
 @pytest.mark.parametrize(
     "options",
     [
-        # Four more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes).
+        # Five more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes;
+        # the fast tier's fuzz draws prefixes too).
         pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt",
                      marks=pytest.mark.slow),
-        pytest.param(dict(prefix="The train"), id="prefix"),
+        pytest.param(dict(prefix="The train"), id="prefix", marks=pytest.mark.slow),
         pytest.param(dict(hotwords="platform refreshments"), id="hotwords", marks=pytest.mark.slow),
         pytest.param(dict(condition_on_previous_text=False), id="no-previous-text", marks=pytest.mark.slow),
         pytest.param(dict(vad_filter=True), id="vad"),
@@ -264,6 +265,7 @@ def test_drafter_audio_keeps_a_second_after_the_audio():
     assert DraftWindow(output, (1,), DecodingOptions(), 2, audio_frames=1490).drafter_audio().shape == (1500, 2)
 
 
+@pytest.mark.slow  # the fast tier's threads share the worker (test_stock_engine::test_four_threads_share_one_worker)
 def test_one_model_shared_by_four_threads_gives_sequential_outputs(model_path, float32_pair, clips):
     """faster-whisper's ``num_workers``: four threads transcribe through one model at once. One
     call at a time runs in the loop, the others go to ``generate()`` rather than wait; every
