@@ -28,16 +28,15 @@ HOLDOUTS = {"asterisk": 0.2, "mfa": 0.5}
 
 def held_out_manifest(domain: str, holdout: float, path: str) -> int:
     """Writes the domain's held-out recordings (with references) to ``path``; returns how many."""
-    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.manifest import read_manifest, write_manifest
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.train.user_audio import split_by_file
 
     utterances = read_manifest(fetch(domain, ""))
     split = split_by_file([u.path for u in utterances], holdout)
-    rows = [f"{u.path}\t{u.reference}" for u in utterances if split[u.path] == "validation"]
-    with open(path, "w", encoding="utf-8") as stream:
-        stream.write("path\ttext\n" + "\n".join(rows) + "\n")
-    return len(rows)
+    held = [u for u in utterances if split[u.path] == "validation"]
+    write_manifest(path, held)
+    return len(held)
 
 
 def adapted_figures(results: str, domain: str) -> dict:

@@ -51,16 +51,14 @@ def adapt_domain(domain: str, holdout: float, compute_type: str, work: str, minu
 
 def held_out_manifest(domain: str, drafter: str, path: str) -> str:
     """The domain's held-out recordings (from the adaptation's plan), with their references."""
-    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.manifest import read_manifest, write_manifest
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.train.adapt import PLAN_FILE, work_dir_for
 
     with open(os.path.join(work_dir_for(drafter), PLAN_FILE), encoding="utf-8") as stream:
         plan = json.load(stream)
     held = {p for p, split in plan["files"].items() if split == "validation"}
-    rows = [f"{u.path}\t{u.reference}" for u in read_manifest(fetch(domain)) if u.path in held]
-    with open(path, "w", encoding="utf-8") as stream:
-        stream.write("\n".join(rows) + "\n")
+    write_manifest(path, [u for u in read_manifest(fetch(domain)) if u.path in held])
     return path
 
 
