@@ -35,7 +35,7 @@ from ct2_flash.routing import CallRouter, EngineRouter, produced_tokens
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import PromptLayout, TargetRuntime
+from ct2_flash.runtime.target import PromptLayout, TargetRuntime, host_array, on_device_of
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 from ct2_flash.engines import Engines
@@ -57,9 +57,16 @@ _BEAM_SEARCH = "beam search is not speculative"
 EXACT_COMPUTE_TYPE = "float32"
 
 
-def inexact_reason(compute_type: str, near_exact: bool) -> Optional[str]:
-    """Why the loop may not run at ``compute_type`` (None: it may), the one place that decides."""
-    if near_exact or compute_type == EXACT_COMPUTE_TYPE:
+def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> Optional[str]:
+    """Why the loop may not run at ``compute_type`` on ``device`` (None: it may), the one place
+    that decides."""
+    if near_exact:
+        return None
+    if device != "cpu":
+        # The float32 guard margin and the row scores follow CTranslate2's CPU kernels; a GPU's
+        # passes round differently (docs/usage.md, "On a GPU").
+        return f"on {device} the loop's exactness is not established, so the loop would not be exact"
+    if compute_type == EXACT_COMPUTE_TYPE:
         return None
     return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
 
@@ -67,6 +74,7 @@ def inexact_reason(compute_type: str, near_exact: bool) -> Optional[str]:
 _BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy decoding)"
 _INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
                  "most windows but not all: docs/exactness.md)")
+_DEVICE_HINT = " (near_exact=True runs the loop anyway: docs/usage.md, \"On a GPU\")"
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
                  "sampling_topk", "sampling_temperature", "num_hypotheses")
 
@@ -151,7 +159,8 @@ class SpeculativeWhisper:
         # Where encoder outputs and the calls outside the loop run (stock engine or patched).
         self.engines = engines or Engines(model)
         # Where the loop's passes are not single steps' computation, only an opt-in runs it.
-        self.inexact_reason = inexact_reason(decoder.runtime.model.compute_type, near_exact)
+        runtime_model = decoder.runtime.model
+        self.inexact_reason = inexact_reason(runtime_model.compute_type, near_exact, getattr(runtime_model, "device", "cpu"))
         self.policy = policy or CallRouter()
         self._sampling_policies: Dict[Tuple[float, int], CallRouter] = {}
         self._vocabulary = vocabulary
@@ -204,8 +213,9 @@ class SpeculativeWhisper:
                 self._fallback_reasons_logged.add(reason)
                 # A user who only swapped the class (faster-whisper's transcribe() defaults to
                 # beam_size=5) or asked for int8 gets no speculation at all: say so, and how.
-                hint = self.beam_search_hint if reason == _BEAM_SEARCH else (
-                    _INEXACT_HINT if reason == self.inexact_reason else None)
+                hint = self.beam_search_hint if reason == _BEAM_SEARCH else None
+                if reason == self.inexact_reason:
+                    hint = _INEXACT_HINT if getattr(self.decoder.runtime.model, "device", "cpu") == "cpu" else _DEVICE_HINT
                 (logger.info if hint is None else logger.warning)(
                     "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
             with self._counting:
@@ -276,12 +286,12 @@ class SpeculativeWhisper:
             with self.decoder.use_drafter(drafter, self.decoder.adaptive):
                 return self._speculative_rows(encoder_output, prompts, options, kwargs)
         encoder_output = self.engines.local(encoder_output)  # the worker's copy, if it encoded
-        rows = np.asarray(encoder_output)
+        rows = host_array(encoder_output) if len(prompts) > 1 else None
         results = []
         for index, prompt in enumerate(prompts):
             # Rows (and hypotheses) run one at a time: the patched decoder state has batch size 1.
-            row = encoder_output if len(prompts) == 1 else ctranslate2.StorageView.from_array(rows[index : index + 1])
-            if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE:
+            row = encoder_output if rows is None else on_device_of(rows[index : index + 1], encoder_output)
+            if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE and getattr(self._model, "device", "cpu") == "cpu":
                 self.decoder.confirm_score_isa(row, prompt)  # once per process
             decoded = [self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
                        for _ in range(options.num_hypotheses)]
@@ -439,7 +449,7 @@ class FlashWhisperModel(WhisperModel):
         num_draft_tokens = checked_draft_count(drafter, special.vocab_size, num_draft_tokens)
         config = load_config(model_path)
         # Where the loop never runs (int8 without near_exact), no second model for it.
-        loop_runs = inexact_reason(self.model.compute_type, near_exact) is None
+        loop_runs = inexact_reason(self.model.compute_type, near_exact, self.model.device) is None
         runtime = TargetRuntime(
             self._decoder_model(model_path, decoder_threads if loop_runs else None),
             model_path,

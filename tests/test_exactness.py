@@ -191,6 +191,17 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
     assert "int8" in flash.model.inexact_reason
 
 
+def test_the_loop_runs_on_a_gpu_only_when_opted_in():
+    """The guard margin and the row scores follow CTranslate2's CPU kernels, so on a GPU even
+    float32 sends every call to generate() unless ``near_exact`` opts in (docs/usage.md)."""
+    from ct2_flash.whisper_model import inexact_reason
+
+    assert inexact_reason("float32", False) is None and inexact_reason("float32", False, "cpu") is None
+    assert "cuda" in inexact_reason("float32", False, "cuda") and "cuda" in inexact_reason("float16", False, "cuda")
+    assert inexact_reason("float16", True, "cuda") is None and inexact_reason("float32", True, "cuda") is None
+    assert "int8" in inexact_reason("int8", False, "cpu")
+
+
 def _words(model, audio) -> list:
     segments, _ = model.transcribe(audio, beam_size=1, word_timestamps=True)
     return [(tuple(s.tokens), [(w.word, w.start, w.end) for w in s.words]) for s in segments]

@@ -201,3 +201,40 @@ def test_verified_rows_are_the_passes_own_buffer_and_outlive_later_passes(float3
     sequence.verify([317, 2546])
     sequence.verify([318])
     np.testing.assert_array_equal(rows, kept)
+
+
+class _DeviceView:
+    """Stands in for a StorageView in GPU memory (no GPU here): what ``host_array`` may call."""
+
+    def __init__(self, values: np.ndarray, dtype) -> None:
+        self.values, self.dtype, self.device, self.calls = values, dtype, "cuda", []
+
+    def to(self, dtype):
+        self.calls.append(("to", dtype))
+        return _DeviceView(self.values.astype(np.float32), dtype)
+
+    def to_device(self, device):
+        import ctranslate2
+
+        self.calls.append(("to_device", device))
+        return ctranslate2.StorageView.from_array(np.ascontiguousarray(self.values, dtype=np.float32))
+
+
+def test_host_arrays_view_cpu_buffers_and_copy_gpu_ones():
+    """The loop reads logits and encoder outputs through ``host_array``: on the CPU a view of
+    the engine's buffer (no copy), from a GPU a float32 copy in host memory."""
+    import ctranslate2
+
+    from ct2_flash.runtime.target import host_array, on_device_of
+
+    values = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    cpu = ctranslate2.StorageView.from_array(values)
+    assert np.shares_memory(host_array(cpu), values)
+    half = _DeviceView(values.astype(np.float16), ctranslate2.DataType.float16)
+    copied = host_array(half)
+    assert copied.dtype == np.float32 and np.array_equal(copied, values)
+    assert [name for name, _ in half.calls] == ["to"]  # float32 on the device, then the host copy
+    single = _DeviceView(values, ctranslate2.DataType.float32)
+    assert np.array_equal(host_array(single), values) and single.calls == [("to_device", ctranslate2.Device.cpu)]
+    row = on_device_of(values[:, :1], cpu)  # a row of a CPU batch stays on the CPU, float32
+    assert row.device == "cpu" and np.array_equal(np.asarray(row), values[:, :1])

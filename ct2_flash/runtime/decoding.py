@@ -31,7 +31,7 @@ from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, call_
 from ct2_flash.runtime.draft_lengths import MAX_OFFERED, DraftLengths
 from ct2_flash.runtime.logit_rules import LogitRules
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import PromptLayout, TargetRuntime
+from ct2_flash.runtime.target import PromptLayout, TargetRuntime, host_array
 
 
 logger = logging.getLogger("ct2_flash")
@@ -495,4 +495,4 @@ def _normalise(log_prob_sum: float, length: int, length_penalty: float) -> float
 
 def _window_array(encoder_output) -> np.ndarray:
     """[1, frames, d_model] StorageView -> [frames, d_model] float32 view (no copy on CPU)."""
-    return np.asarray(encoder_output)[0]
+    return host_array(encoder_output)[0]

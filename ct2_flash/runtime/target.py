@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+import ctranslate2
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
@@ -108,7 +109,7 @@ class TargetSequence:
                 logits, attention = self._model.forward_step_with_attention(self._state, tokens[0])
             else:
                 logits, attention = self._model.forward_batch_with_attention(self._state, tokens)
-            self.attention_peaks = np.asarray(attention).reshape(len(tokens), -1).argmax(axis=1)
+            self.attention_peaks = host_array(attention).reshape(len(tokens), -1).argmax(axis=1)
         elif len(tokens) == 1:
             # forward_batch([t]) equals forward_step(t) bit for bit; the step is cheaper.
             logits = self._model.forward_step(self._state, tokens[0])
@@ -118,7 +119,7 @@ class TargetSequence:
         # (its base is the StorageView) and which no later call reuses or reads, so the logit
         # rules may edit it in place. A copy of a 9-row block was a full cache-cold pass over
         # it every round.
-        return np.asarray(logits, dtype=np.float32).reshape(len(tokens), -1)
+        return host_array(logits).reshape(len(tokens), -1)
 
     def rollback(self, length: int) -> None:
         """Keep the first ``length`` cache positions (1 <= length <= self.length)."""
@@ -258,7 +259,31 @@ class TargetRuntime:
         return np.asarray(CT2ModelFile(self.model_path)["decoder/embeddings/weight"], dtype=np.float32)
 
 
+def host_array(view) -> np.ndarray:
+    """A StorageView's values as a float32 array in host memory, any shape.
+
+    On the CPU (float32, the only floating type CTranslate2 computes there) the array views
+    the StorageView's own buffer, no copy. On a GPU the values are converted to float32 there
+    and copied to the host (numpy cannot read device memory), one copy per call the loop reads.
+    """
+    if getattr(view, "device", "cpu") != "cpu":
+        if view.dtype != ctranslate2.DataType.float32:
+            view = view.to(ctranslate2.DataType.float32)
+        view = view.to_device(ctranslate2.Device.cpu)
+    return np.asarray(view, dtype=np.float32)
+
+
+def on_device_of(array: np.ndarray, like):
+    """A host float32 array as a StorageView where ``like`` (a StorageView) lives: the same
+    device and dtype, so that the engine takes it as it took ``like``."""
+    view = ctranslate2.StorageView.from_array(np.ascontiguousarray(array, dtype=np.float32))
+    if getattr(like, "device", "cpu") == "cpu":
+        return view
+    view = view.to_device(ctranslate2.Device.cuda)
+    return view if like.dtype == ctranslate2.DataType.float32 else view.to(like.dtype)
+
+
 def _row(logits) -> np.ndarray:
     """Copy the last position of a [1, vocab] or [1, T, vocab] StorageView into a [vocab] array."""
-    array = np.asarray(logits)
+    array = host_array(logits)
     return np.array(array.reshape(-1, array.shape[-1])[-1], dtype=np.float32)
