@@ -198,5 +198,7 @@ $PY bench/clients.py --speech-set mfa --max-files 40 --compute-types int8 float3
 # The loop's token scores against the engine's, per engine ISA (docs/exactness.md).
 $PY bench/score_accuracy.py --out $OUT/score_accuracy/score_accuracy.json
 
+# Not here: bench/results/gpu/check.json needs an NVIDIA GPU (bench/gpu_check.sh says how).
+
 # The tables docs/measurements.md quotes, from every runner result above.
 $PY bench/summarize.py $(find $OUT -name bench.json -not -path "*/earlier/*" | sort) > $OUT/summary.md

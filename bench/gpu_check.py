@@ -1,0 +1,261 @@
+"""ct2-flash on a GPU: whether its output is faster-whisper's there, and what the loop costs.
+
+Per compute type, on one CUDA device, four systems transcribe every clip greedily
+(``beam_size=1``, timestamps on, ``temperature=0``: no sampled fallback, whose draws would
+differ between any two runs), in turn clip by clip, ``--repeats`` times:
+
+- ``faster-whisper``: its ``WhisperModel``, the reference;
+- ``default``: ``FlashWhisperModel`` as a user builds it; on a GPU every call goes to
+  ``generate()`` unless ``near_exact`` opts in to the loop;
+- ``loop``: ``FlashWhisperModel(near_exact=True)`` with every call in the loop and the
+  users' settings inside it (the draft pause, the draft lengths);
+- ``loop, every round``: the same with every round drafting (``adaptive=False``), the setting
+  that tests exactness hardest.
+
+Reported per system: clips whose tokens equal faster-whisper's, summed times (whole path:
+waveform to segments; the ``encode`` and ``generate`` calls inside it), tokens per target
+call of the loop; and the device's cost of one decoder step and of one 9-row verification.
+A batched transcription (``BatchedInferencePipeline``, 4 rows a call) checks the loop's
+multi-row path. A part that fails records its error and the rest still runs.
+
+On the machine with the GPU (nothing to download there: the clips come in a file):
+
+    python bench/gpu_check.py --clips CLIPS.npz --model MODEL_DIR --out bench/results/gpu/check.json
+
+Here, the clips to carry there (16 kHz, int16), and a dry run of the whole check on the CPU:
+
+    python bench/gpu_check.py --write-clips CLIPS.npz --speech-set mfa --limit 24
+    python bench/gpu_check.py --clips CLIPS.npz --device cpu --compute-types float32 --out /tmp/check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import traceback
+from typing import Callable, Dict, List
+
+import numpy as np
+from _common import median_ms, timed, write_result
+
+import ctranslate2
+from ct2_flash import BatchedInferencePipeline, FlashWhisperModel, resolve_model
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+from ct2_flash.routing import CallRouter
+from faster_whisper import BatchedInferencePipeline as FasterBatched
+from faster_whisper import WhisperModel
+
+SAMPLE_RATE = 16000
+
+
+class AlwaysLoop(CallRouter):
+    def speculate(self, batch_size: int) -> bool:
+        return True
+
+
+class TimedModel:
+    """A Whisper model (CTranslate2's, or ct2-flash's ``SpeculativeWhisper``) whose ``encode``
+    and ``generate`` calls are timed; everything else passes through."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self.seconds = {"encode": 0.0, "generate": 0.0}
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def encode(self, *args, **kwargs):
+        seconds, output = timed(lambda: self._model.encode(*args, **kwargs))
+        self.seconds["encode"] += seconds
+        return output
+
+    def generate(self, *args, **kwargs):
+        seconds, output = timed(lambda: self._model.generate(*args, **kwargs))
+        self.seconds["generate"] += seconds
+        return output
+
+
+def write_clips(path: str, speech_set: str, limit: int) -> None:
+    """The first ``limit`` clips of a fetched speech set as 16 kHz int16 arrays, by file name."""
+    from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.runner import load_audio
+    from ct2_flash.benchmark.speech_sets import fetch
+
+    audio = load_audio(read_manifest(fetch(speech_set))[:limit])
+    arrays = {os.path.basename(path): np.round(np.clip(samples, -1, 1) * 32767).astype(np.int16)
+              for path, samples in audio.items()}
+    np.savez_compressed(path, **arrays)
+    seconds = sum(len(a) for a in arrays.values()) / SAMPLE_RATE
+    print(f"{len(arrays)} clips, {seconds:.0f} s of {speech_set} -> {path}")
+
+
+def read_clips(path: str) -> Dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {name: data[name].astype(np.float32) / 32767 for name in sorted(data.files)}
+
+
+def guarded(record: dict, name: str, part: Callable[[], object]) -> None:
+    """Run one part of the check; its result, or its error, goes into ``record[name]``."""
+    try:
+        record[name] = part()
+    except Exception as error:  # one failing part must not lose the others' figures
+        record[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+
+
+def tokens_of(model, audio: np.ndarray) -> List[List[int]]:
+    segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, condition_on_previous_text=True)
+    return [list(segment.tokens) for segment in segments]
+
+
+def compare(models: Dict[str, object], clips: Dict[str, np.ndarray], repeats: int) -> dict:
+    """Every system on every clip in turn; tokens against the first system's."""
+    timers = {name: TimedModel(model.model) for name, model in models.items()}
+    for name, model in models.items():
+        model.model = timers[name]
+    whole = {name: 0.0 for name in models}
+    parts = {name: {"encode": 0.0, "generate": 0.0} for name in models}
+    identical = {name: 0 for name in models}
+    different: Dict[str, List[str]] = {name: [] for name in models}
+    tokens = {name: 0 for name in models}
+    for model in models.values():  # warm-up: the device's first calls load kernels
+        tokens_of(model, next(iter(clips.values())))
+    for clip, audio in clips.items():
+        best: Dict[str, float] = {}
+        outputs = {}
+        for _ in range(repeats):
+            for name, model in models.items():
+                before = dict(timers[name].seconds)
+                seconds, outputs[name] = timed(lambda: tokens_of(model, audio))
+                spent = {part: timers[name].seconds[part] - before[part] for part in before}
+                if name not in best or seconds < best[name]:
+                    best[name] = seconds
+                    best[name + "/parts"] = spent
+        reference = outputs[next(iter(models))]
+        for name in models:
+            whole[name] += best[name]
+            for part, seconds in best[name + "/parts"].items():
+                parts[name][part] += seconds
+            tokens[name] += sum(len(segment) for segment in outputs[name])
+            if outputs[name] == reference:
+                identical[name] += 1
+            else:
+                different[name].append(clip)
+    return {name: {"identical": identical[name], "clips": len(clips), "different": different[name],
+                   "whole_s": round(whole[name], 4), "encode_s": round(parts[name]["encode"], 4),
+                   "generate_s": round(parts[name]["generate"], 4), "tokens": tokens[name]} for name in models}
+
+
+def loop_counters(model) -> dict:
+    stats = model.spec_stats
+    return {"target_calls": stats.target_calls, "emitted": stats.emitted, "proposed": stats.proposed,
+            "accepted": stats.accepted, "rows_rechecked": stats.rows_rechecked,
+            "fallback_calls": stats.fallback_calls, "generate_rows": stats.generate_rows,
+            "tokens_per_target_call": round(stats.emitted / max(stats.target_calls, 1), 3),
+            **{f"{part}_s": round(getattr(stats, f"{part}_seconds"), 4) for part in ("drafter", "verify", "other")}}
+
+
+def pass_costs(model, audio: np.ndarray, repeats: int) -> dict:
+    """Median ms of one decoder step and of one 9-row verification (each rolled back), on
+    the device, from one window's encoder output."""
+    runtime = model.model.decoder.runtime
+    features = model.window_features(audio)[None]
+    encoded = runtime.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)))
+    sequence = runtime.start(encoded, [runtime.special.sot]).sequence
+    length = sequence.length
+    tokens = [runtime.special.timestamp_begin, 383, 3290, 1364, 379, 10891, 13, 50364, 50257]
+
+    def verify(count: int) -> Callable[[], None]:
+        def once() -> None:
+            sequence.verify(tokens[:count])
+            sequence.rollback(length)
+        return once
+
+    return {"step_ms": round(median_ms(verify(1), repeats), 3), "verify_9_ms": round(median_ms(verify(9), repeats), 3)}
+
+
+def batched(models: Dict[str, object], audio: np.ndarray) -> dict:
+    """A long recording through each system's ``BatchedInferencePipeline``, 4 rows a call."""
+    pipelines = {"faster-whisper": FasterBatched, "loop": BatchedInferencePipeline}
+    outputs = {}
+    for name, pipeline in pipelines.items():
+        segments, _ = pipeline(model=models[name]).transcribe(audio, beam_size=1, batch_size=4, temperature=0.0,
+                                                              without_timestamps=False)
+        outputs[name] = [list(segment.tokens) for segment in segments]
+    return {"identical": outputs["loop"] == outputs["faster-whisper"], "segments": len(outputs["faster-whisper"]),
+            "loop_counters": loop_counters(models["loop"])}
+
+
+def check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
+    model_path = resolve_model(args.model)
+    common = dict(device=args.device, compute_type=compute_type, cpu_threads=args.cpu_threads)
+    flash = dict(common, drafter=args.drafter, redecodes=False)
+    record: dict = {}
+    models = {
+        "faster-whisper": WhisperModel(model_path, **common),
+        "default": FlashWhisperModel(model_path, **flash),
+        "loop": FlashWhisperModel(model_path, **flash, near_exact=True, policy=AlwaysLoop()),
+        "loop, every round": FlashWhisperModel(model_path, **flash, near_exact=True, adaptive=False),
+    }
+    record["default_inexact_reason"] = models["default"].model.inexact_reason
+    guarded(record, "systems", lambda: compare(models, clips, args.repeats))
+    record["counters"] = {name: loop_counters(model) for name, model in models.items() if name != "faster-whisper"}
+    first = next(iter(clips.values()))
+    guarded(record, "passes", lambda: pass_costs(models["loop"], first, args.pass_repeats))
+    long_audio = np.concatenate(list(clips.values()))[: 120 * SAMPLE_RATE]
+    for model in models.values():  # the timers off again
+        if isinstance(model.model, TimedModel):
+            model.model = model.model._model
+    models["loop"].reset_spec_stats()
+    guarded(record, "batched", lambda: batched(models, long_audio))
+    return record
+
+
+def device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    except Exception:  # no PyTorch there: the count at least
+        return f"{ctranslate2.get_cuda_device_count()} CUDA device(s)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write-clips", help="write the clips of --speech-set to this .npz and stop")
+    parser.add_argument("--speech-set", default="mfa")
+    parser.add_argument("--limit", type=int, default=24, help="clips written, or read")
+    parser.add_argument("--clips", help=".npz of 16 kHz int16 clips (--write-clips)")
+    parser.add_argument("--model", default="tiny.en", help="embedded model name or CTranslate2 model directory")
+    parser.add_argument("--drafter", default=os.path.join(SHIPPED_DRAFTERS, "tiny.en"))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--compute-types", nargs="+", default=["float16", "float32"])
+    parser.add_argument("--cpu-threads", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--pass-repeats", type=int, default=50)
+    parser.add_argument("--out", default="bench/results/gpu/check.json")
+    args = parser.parse_args()
+    if args.write_clips:
+        write_clips(args.write_clips, args.speech_set, args.limit)
+        return
+    if not args.clips:
+        parser.error("--clips is needed (write it with --write-clips)")
+    clips = dict(list(read_clips(args.clips).items())[: args.limit])
+    document = {
+        "command": "python bench/gpu_check.py --clips CLIPS.npz --compute-types " + " ".join(args.compute_types),
+        "device": args.device, "device_name": device_name(args.device), "ctranslate2": ctranslate2.__version__,
+        # gpu_check.sh's link where the machine has no cuBLAS 12 (None: the machine's own).
+        "cublas": os.environ.get("GPU_CHECK_CUBLAS"),
+        "clips": len(clips), "audio_seconds": round(sum(len(a) for a in clips.values()) / SAMPLE_RATE, 1),
+        "repeats": args.repeats,
+        "results": {},
+    }
+    for compute_type in args.compute_types:
+        guarded(document["results"], compute_type, lambda: check(args, compute_type, clips))
+        write_result(args.out, document)  # what is measured so far survives a later failure
+    write_result(args.out, document, echo=())
+
+
+if __name__ == "__main__":
+    main()
