@@ -1,6 +1,9 @@
 """ct2-flash on a GPU: whether its output is faster-whisper's there, and what the loop costs.
 
-Per compute type, on one CUDA device, four systems transcribe every clip greedily
+Two parts (``--parts``). ``dropin``: the default ``FlashWhisperModel`` as a user builds it
+(``device="auto"``) against faster-whisper's ``WhisperModel``, every segment field under
+``DROPIN_OPTIONS`` and through ``BatchedInferencePipeline``, per ``--dropin-compute-types``.
+``loop``: per ``--compute-types``, on one CUDA device, four systems transcribe every clip greedily
 (``beam_size=1``, timestamps on, ``temperature=0``: no sampled fallback, whose draws would
 differ between any two runs), in turn clip by clip, ``--repeats`` times:
 
@@ -210,6 +213,49 @@ def check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
     return record
 
 
+def segments_of(model, audio: np.ndarray, **options) -> list:
+    """Everything of a transcription a client can see: per segment its tokens, times, scores,
+    temperature and words. CTranslate2 is seeded first, so that a sampled fallback draws the
+    same on both systems when both make the same calls."""
+    ctranslate2.set_random_seed(1)
+    segments, _ = model.transcribe(audio, **options)
+    return [(tuple(s.tokens), s.start, s.end, s.avg_logprob, s.no_speech_prob, s.compression_ratio, s.temperature,
+             [(w.word, w.start, w.end, w.probability) for w in s.words or ()]) for s in segments]
+
+
+# faster-whisper's options a client passes most, each checked on every clip; {} is its defaults
+# (beam search, the temperature fallback).
+DROPIN_OPTIONS = {
+    "defaults": {},
+    "greedy": {"beam_size": 1},
+    "greedy, word timestamps": {"beam_size": 1, "word_timestamps": True},
+    "greedy, VAD": {"beam_size": 1, "vad_filter": True},
+}
+
+
+def dropin_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
+    """The default ``FlashWhisperModel`` as a user builds it on a GPU (``device="auto"``, the
+    compute type given) against faster-whisper's ``WhisperModel``: every segment field,
+    under each of ``DROPIN_OPTIONS`` and through ``BatchedInferencePipeline``."""
+    model_path = resolve_model(args.model)
+    common = dict(device="auto", compute_type=compute_type, cpu_threads=args.cpu_threads)
+    reference = WhisperModel(model_path, **common)
+    flash = FlashWhisperModel(model_path, **common, drafter=args.drafter)
+    record: dict = {"device": flash.model.device, "compute_type": flash.model.compute_type,
+                    "inexact_reason": flash.model.inexact_reason}
+    for name, options in DROPIN_OPTIONS.items():
+        different = [clip for clip, audio in clips.items()
+                     if segments_of(flash, audio, **options) != segments_of(reference, audio, **options)]
+        record[name] = {"identical": len(clips) - len(different), "clips": len(clips), "different": different}
+    long_audio = np.concatenate(list(clips.values()))[: 120 * SAMPLE_RATE]
+    batched_segments = [segments_of(pipeline(model=model), long_audio, batch_size=8)
+                        for pipeline, model in ((BatchedInferencePipeline, flash), (FasterBatched, reference))]
+    record["batched, defaults"] = {"identical": batched_segments[0] == batched_segments[1],
+                                   "segments": len(batched_segments[1])}
+    record["counters"] = loop_counters(flash)
+    return record
+
+
 def device_name(device: str) -> str:
     if device != "cuda":
         return "cpu"
@@ -231,6 +277,8 @@ def main() -> None:
     parser.add_argument("--drafter", default=os.path.join(SHIPPED_DRAFTERS, "tiny.en"))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compute-types", nargs="+", default=["float16", "float32"])
+    parser.add_argument("--dropin-compute-types", nargs="+", default=["default", "int8_float16", "bfloat16"])
+    parser.add_argument("--parts", nargs="+", choices=["loop", "dropin"], default=["loop", "dropin"])
     parser.add_argument("--cpu-threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--pass-repeats", type=int, default=50)
@@ -243,7 +291,9 @@ def main() -> None:
         parser.error("--clips is needed (write it with --write-clips)")
     clips = dict(list(read_clips(args.clips).items())[: args.limit])
     document = {
-        "command": "python bench/gpu_check.py --clips CLIPS.npz --compute-types " + " ".join(args.compute_types),
+        "command": "python bench/gpu_check.py --clips CLIPS.npz --parts " + " ".join(args.parts)
+                   + " --compute-types " + " ".join(args.compute_types)
+                   + " --dropin-compute-types " + " ".join(args.dropin_compute_types),
         "device": args.device, "device_name": device_name(args.device), "ctranslate2": ctranslate2.__version__,
         # gpu_check.sh's link where the machine has no cuBLAS 12 (None: the machine's own).
         "cublas": os.environ.get("GPU_CHECK_CUBLAS"),
@@ -251,9 +301,15 @@ def main() -> None:
         "repeats": args.repeats,
         "results": {},
     }
-    for compute_type in args.compute_types:
-        guarded(document["results"], compute_type, lambda: check(args, compute_type, clips))
-        write_result(args.out, document)  # what is measured so far survives a later failure
+    if "loop" in args.parts:
+        for compute_type in args.compute_types:
+            guarded(document["results"], compute_type, lambda: check(args, compute_type, clips))
+            write_result(args.out, document)  # what is measured so far survives a later failure
+    if "dropin" in args.parts:
+        document["dropin"] = {}
+        for compute_type in args.dropin_compute_types:
+            guarded(document["dropin"], compute_type, lambda: dropin_check(args, compute_type, clips))
+            write_result(args.out, document)
     write_result(args.out, document, echo=())
 
 
