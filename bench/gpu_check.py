@@ -1,8 +1,9 @@
 """ct2-flash on a GPU: whether its output is faster-whisper's there, and what the loop costs.
 
-Two parts (``--parts``). ``dropin``: the default ``FlashWhisperModel`` as a user builds it
+Three parts (``--parts``). ``dropin``: the default ``FlashWhisperModel`` as a user builds it
 (``device="auto"``) against faster-whisper's ``WhisperModel``, every segment field under
 ``DROPIN_OPTIONS`` and through ``BatchedInferencePipeline``, per ``--dropin-compute-types``.
+``redecodes``: a streaming client's re-decodes of growing buffers (``redecode_check``).
 ``loop``: per ``--compute-types``, on one CUDA device, four systems transcribe every clip greedily
 (``beam_size=1``, timestamps on, ``temperature=0``: no sampled fallback, whose draws would
 differ between any two runs), in turn clip by clip, ``--repeats`` times:
@@ -39,43 +40,25 @@ import traceback
 from typing import Callable, Dict, List
 
 import numpy as np
-from _common import median_ms, timed, write_result
+from _common import median_ms, write_result
+from redecodes import buffer_ends, pieces
 
 import ctranslate2
 from ct2_flash import BatchedInferencePipeline, FlashWhisperModel, resolve_model
+from ct2_flash.benchmark.measure import measure
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 from ct2_flash.routing import CallRouter
 from faster_whisper import BatchedInferencePipeline as FasterBatched
 from faster_whisper import WhisperModel
 
 SAMPLE_RATE = 16000
+# Greedy with timestamps, no sampled fallback (its draws would differ between any two runs).
+GREEDY = dict(beam_size=1, temperature=0.0)
 
 
 class AlwaysLoop(CallRouter):
     def speculate(self, batch_size: int) -> bool:
         return True
-
-
-class TimedModel:
-    """A Whisper model (CTranslate2's, or ct2-flash's ``SpeculativeWhisper``) whose ``encode``
-    and ``generate`` calls are timed; everything else passes through."""
-
-    def __init__(self, model) -> None:
-        self._model = model
-        self.seconds = {"encode": 0.0, "generate": 0.0}
-
-    def __getattr__(self, name: str):
-        return getattr(self._model, name)
-
-    def encode(self, *args, **kwargs):
-        seconds, output = timed(lambda: self._model.encode(*args, **kwargs))
-        self.seconds["encode"] += seconds
-        return output
-
-    def generate(self, *args, **kwargs):
-        seconds, output = timed(lambda: self._model.generate(*args, **kwargs))
-        self.seconds["generate"] += seconds
-        return output
 
 
 def write_clips(path: str, speech_set: str, limit: int) -> None:
@@ -105,47 +88,38 @@ def guarded(record: dict, name: str, part: Callable[[], object]) -> None:
         record[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
 
 
-def tokens_of(model, audio: np.ndarray) -> List[List[int]]:
-    segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, condition_on_previous_text=True)
-    return [list(segment.tokens) for segment in segments]
-
-
 def compare(models: Dict[str, object], clips: Dict[str, np.ndarray], repeats: int) -> dict:
-    """Every system on every clip in turn; tokens against the first system's."""
-    timers = {name: TimedModel(model.model) for name, model in models.items()}
-    for name, model in models.items():
-        model.model = timers[name]
-    whole = {name: 0.0 for name in models}
-    parts = {name: {"encode": 0.0, "generate": 0.0} for name in models}
-    identical = {name: 0 for name in models}
-    different: Dict[str, List[str]] = {name: [] for name in models}
-    tokens = {name: 0 for name in models}
+    """Every system on every clip in turn, ``repeats`` times; per clip each system's fastest
+    run counts, and its tokens against the first system's."""
+    first = next(iter(models))
     for model in models.values():  # warm-up: the device's first calls load kernels
-        tokens_of(model, next(iter(clips.values())))
+        measure(model, next(iter(clips.values())), **GREEDY)
+    totals = {name: {"whole_s": 0.0, "encode_s": 0.0, "generate_s": 0.0, "tokens": 0} for name in models}
+    different: Dict[str, List[str]] = {name: [] for name in models}
     for clip, audio in clips.items():
-        best: Dict[str, float] = {}
-        outputs = {}
+        runs: Dict[str, list] = {name: [] for name in models}
         for _ in range(repeats):
             for name, model in models.items():
-                before = dict(timers[name].seconds)
-                seconds, outputs[name] = timed(lambda: tokens_of(model, audio))
-                spent = {part: timers[name].seconds[part] - before[part] for part in before}
-                if name not in best or seconds < best[name]:
-                    best[name] = seconds
-                    best[name + "/parts"] = spent
-        reference = outputs[next(iter(models))]
+                runs[name].append(measure(model, audio, **GREEDY))
         for name in models:
-            whole[name] += best[name]
-            for part, seconds in best[name + "/parts"].items():
-                parts[name][part] += seconds
-            tokens[name] += sum(len(segment) for segment in outputs[name])
-            if outputs[name] == reference:
-                identical[name] += 1
-            else:
+            best = min(runs[name], key=lambda run: run.whole_seconds)
+            add(totals[name], best)
+            if best.tokens != runs[first][0].tokens:
                 different[name].append(clip)
-    return {name: {"identical": identical[name], "clips": len(clips), "different": different[name],
-                   "whole_s": round(whole[name], 4), "encode_s": round(parts[name]["encode"], 4),
-                   "generate_s": round(parts[name]["generate"], 4), "tokens": tokens[name]} for name in models}
+    return {name: {"identical": len(clips) - len(different[name]), "clips": len(clips), "different": different[name],
+                   **rounded(totals[name])} for name in models}
+
+
+def add(total: dict, run) -> None:
+    """Add one ``Measurement`` to running sums."""
+    total["whole_s"] += run.whole_seconds
+    total["encode_s"] += run.encode_seconds
+    total["generate_s"] += run.decode_seconds
+    total["tokens"] += sum(len(tokens) for tokens in run.tokens)
+
+
+def rounded(total: dict) -> dict:
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in total.items()}
 
 
 def loop_counters(model) -> dict:
@@ -205,9 +179,6 @@ def check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
     first = next(iter(clips.values()))
     guarded(record, "passes", lambda: pass_costs(models["loop"], first, args.pass_repeats))
     long_audio = np.concatenate(list(clips.values()))[: 120 * SAMPLE_RATE]
-    for model in models.values():  # the timers off again
-        if isinstance(model.model, TimedModel):
-            model.model = model.model._model
     models["loop"].reset_spec_stats()
     guarded(record, "batched", lambda: batched(models, long_audio))
     return record
@@ -256,6 +227,41 @@ def dropin_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
     return record
 
 
+def redecode_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
+    """A streaming client's re-decodes on the device: the clips joined into one stream (0.3 s
+    apart, the first ``--redecode-seconds``), cut into pieces of up to 25 s, each piece
+    transcribed as buffers ending at 2, 3, ... s by faster-whisper and by
+    ``FlashWhisperModel(near_exact=True)`` (the previous hypothesis offered, the re-decode
+    policy), the two in turn piece by piece, in alternating order."""
+    model_path = resolve_model(args.model)
+    common = dict(device=args.device, compute_type=compute_type, cpu_threads=args.cpu_threads)
+    models = {"faster-whisper": WhisperModel(model_path, **common),
+              "loop": FlashWhisperModel(model_path, **common, drafter=args.drafter, near_exact=True)}
+    flash = models["loop"]
+    gap = np.zeros(int(0.3 * SAMPLE_RATE), np.float32)
+    stream = np.concatenate([part for audio in clips.values() for part in (audio, gap)])
+    stream = stream[: int(args.redecode_seconds * SAMPLE_RATE)]
+    for model in models.values():  # warm-up
+        measure(model, stream[: 5 * SAMPLE_RATE], **GREEDY)
+    flash.reset_spec_stats()
+    totals = {name: {"whole_s": 0.0, "encode_s": 0.0, "generate_s": 0.0, "tokens": 0} for name in models}
+    identical = buffers = 0
+    for index, piece in enumerate(pieces(stream, 25.0)):
+        outputs = {}
+        for name in list(models)[:: 1 if index % 2 == 0 else -1]:
+            flash.forget_windows()  # each piece is a new stream
+            outputs[name] = [measure(models[name], piece[:end], **GREEDY) for end in buffer_ends(piece, 2.0, 1.0)]
+        for name, runs in outputs.items():
+            for run in runs:
+                add(totals[name], run)
+        buffers += len(outputs["loop"])
+        identical += sum(a.tokens == b.tokens for a, b in zip(outputs["loop"], outputs["faster-whisper"]))
+    stats = flash.spec_stats
+    return {"buffers": buffers, "identical": identical, "systems": {name: rounded(total) for name, total in totals.items()},
+            "counters": dict(loop_counters(flash), redecodes=stats.redecodes, offered=stats.offered,
+                             offered_accepted=stats.offered_accepted, loop_rows=stats.generate_calls)}
+
+
 def device_name(device: str) -> str:
     if device != "cuda":
         return "cpu"
@@ -278,7 +284,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compute-types", nargs="+", default=["float16", "float32"])
     parser.add_argument("--dropin-compute-types", nargs="+", default=["default", "int8_float16", "bfloat16"])
-    parser.add_argument("--parts", nargs="+", choices=["loop", "dropin"], default=["loop", "dropin"])
+    parser.add_argument("--parts", nargs="+", choices=["loop", "redecodes", "dropin"], default=["loop", "redecodes", "dropin"])
+    parser.add_argument("--redecode-seconds", type=float, default=120.0)
     parser.add_argument("--cpu-threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--pass-repeats", type=int, default=50)
@@ -305,6 +312,11 @@ def main() -> None:
         for compute_type in args.compute_types:
             guarded(document["results"], compute_type, lambda: check(args, compute_type, clips))
             write_result(args.out, document)  # what is measured so far survives a later failure
+    if "redecodes" in args.parts:
+        document["redecodes"] = {}
+        for compute_type in args.compute_types:
+            guarded(document["redecodes"], compute_type, lambda: redecode_check(args, compute_type, clips))
+            write_result(args.out, document)
     if "dropin" in args.parts:
         document["dropin"] = {}
         for compute_type in args.dropin_compute_types:
