@@ -243,10 +243,14 @@ def _transcribe(args: argparse.Namespace) -> int:
     from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
 
     try:
-        model = FlashWhisperModel(args.model, compute_type=args.compute_type, cpu_threads=args.threads,
+        model = FlashWhisperModel(args.model, device=args.device, compute_type=args.compute_type, cpu_threads=args.threads,
                                   near_exact=args.near_exact, stock_engine=args.stock_engine, drafter=args.drafter)
     except (CheckpointError, DrafterMismatchError) as error:
         print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError) as error:  # CTranslate2: no such device, or a compute type it lacks
+        print(f"ct2-flash transcribe: cannot load {args.model} on {args.device} at {args.compute_type}: {error}",
+              file=sys.stderr)
         return 2
     options = dict(beam_size=args.beam_size, language=args.language, word_timestamps=args.word_timestamps,
                    vad_filter=args.vad_filter)
@@ -428,7 +432,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     transcribe = commands.add_parser("transcribe", help="transcribe files into txt, srt, vtt or json")
     transcribe.add_argument("files", nargs="+", help="audio files")
     transcribe.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
-    transcribe.add_argument("--compute-type", default="int8", choices=["int8", "float32", "int8_float32", "int16"])
+    transcribe.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                            help="where the model runs (default: cpu; on a GPU every call runs CTranslate2's "
+                                 "generate(): docs/usage.md, 'On a GPU')")
+    transcribe.add_argument("--compute-type", default="int8",
+                            choices=["int8", "float32", "int8_float32", "int16", "float16", "int8_float16", "bfloat16"],
+                            help="default int8; float16, int8_float16 and bfloat16 run on a GPU only")
     transcribe.add_argument("--threads", type=int, default=2)
     transcribe.add_argument("--language", default=None, help="language code (default: the model's, or detected)")
     transcribe.add_argument("--beam-size", type=int, default=1,

@@ -347,3 +347,24 @@ def test_transcribe_command_writes_what_faster_whisper_segments_give(float32_pai
             assert written == expected, (name, format_name)
     assert (tmp_path / "out" / "clip01_slt.srt").read_text().startswith("1\n00:00:00,000 --> 00:00:0")
     assert not (tmp_path / "out" / "bad.txt").exists()
+
+
+def test_transcribe_command_names_a_device_or_compute_type_it_cannot_load(capsys):
+    """``--device cuda`` without a GPU, or a GPU compute type on the CPU: one line naming what
+    was asked and CTranslate2's reason, exit 2, no traceback."""
+    import os
+
+    import ctranslate2
+
+    from ct2_flash.cli import main
+
+    from .conftest import DATA
+
+    clip = os.path.join(DATA, "clip01_slt.ogg")
+    asked = [["--compute-type", "float16"]]
+    if ctranslate2.get_cuda_device_count() == 0:
+        asked.append(["--device", "cuda"])
+    for options in asked:
+        assert main(["transcribe", clip, "--no-stock-engine", *options]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("ct2-flash transcribe: cannot load tiny.en on ") and "Traceback" not in error

@@ -262,20 +262,24 @@ class TargetRuntime:
 def host_array(view) -> np.ndarray:
     """A StorageView's values as a float32 array in host memory, any shape.
 
-    On the CPU (float32, the only floating type CTranslate2 computes there) the array views
-    the StorageView's own buffer, no copy. On a GPU the values are converted to float32 there
-    and copied to the host (numpy cannot read device memory), one copy per call the loop reads.
+    A float32 StorageView on the CPU (the loop's case there) is viewed, no copy. Another
+    dtype (float16 or bfloat16 on a GPU) is converted where it lives, and values on a GPU are
+    copied to the host (numpy cannot read device memory): one copy per call the loop reads.
+    An array already in host memory (a stand-in runtime's) is taken as it is.
     """
-    if getattr(view, "device", "cpu") != "cpu":
-        if view.dtype != ctranslate2.DataType.float32:
-            view = view.to(ctranslate2.DataType.float32)
+    if isinstance(view, np.ndarray):
+        return view.astype(np.float32, copy=False)
+    if view.dtype != ctranslate2.DataType.float32:
+        view = view.to(ctranslate2.DataType.float32)
+    if view.device != "cpu":
         view = view.to_device(ctranslate2.Device.cpu)
     return np.asarray(view, dtype=np.float32)
 
 
 def on_device_of(array: np.ndarray, like):
     """A host float32 array as a StorageView where ``like`` (a StorageView) lives: the same
-    device and dtype, so that the engine takes it as it took ``like``."""
+    device and dtype, so that the engine takes it as it took ``like``. CTranslate2 copies to
+    the current CUDA device, GPU 0 unless set otherwise: checked on one GPU only."""
     view = ctranslate2.StorageView.from_array(np.ascontiguousarray(array, dtype=np.float32))
     if getattr(like, "device", "cpu") == "cpu":
         return view
