@@ -96,7 +96,7 @@ def derive_margins(largest, rows: int, safety: float) -> list:
 
 
 def main() -> None:
-    from ct2_flash import FlashWhisperModel, resolve_model
+    from ct2_flash import FlashWhisperModel, load_drafter, resolve_model
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
@@ -116,8 +116,10 @@ def main() -> None:
     model_path = resolve_model("tiny.en")
     utterances = [u for name in args.speech_set for u in read_manifest(fetch(name, ""))[: args.limit]]
     audio = load_audio(utterances)
+    # The shipped drafter named: unnamed, a model that runs no call in the loop (int8) loads none.
+    shipped = load_drafter(model=model_path, compute_type=args.compute_type)
     flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False, guard_margin=0.0, redecodes=False)
+                              decoder_threads=None, adaptive=False, guard_margin=0.0, redecodes=False, drafter=shipped)
     decoder = flash.decoder
     special = decoder.runtime.special
     compute_type = decoder.runtime.model.compute_type  # resolved: int8 is int8_float32 on CPU
@@ -125,7 +127,7 @@ def main() -> None:
     found = []
     # The shipped drafter's rounds and an oracle's long accepted blocks leave different cache
     # histories; both count.
-    for drafter in (decoder.drafter, OracleDrafter(flash.reference_model, error_rate=0.25, seed=3)):
+    for drafter in (shipped, OracleDrafter(flash.reference_model, error_rate=0.25, seed=3)):
         with decoder.use_drafter(drafter):
             for utterance in utterances:
                 encoder_output = flash.encode_window(audio[utterance.path])
@@ -147,7 +149,7 @@ def main() -> None:
     for name, guard in candidates:
         # The margin is a constructor argument: one model per candidate, on the same engine settings.
         flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                                  decoder_threads=None, adaptive=False, guard_margin=guard, redecodes=False)
+                                  decoder_threads=None, adaptive=False, guard_margin=guard, redecodes=False, drafter=shipped)
         decoder = flash.decoder
         identical = total = 0
         differences = []  # the target's own top-2 margin where a window first differs

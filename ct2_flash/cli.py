@@ -88,7 +88,9 @@ def _demo(args: argparse.Namespace) -> int:
     print(runs["flash"][-1].text)
     print()
     print(f"audio: {args.audio} ({duration:.1f} s), model {args.model}, {args.compute_type}, "
-          f"{args.threads} thread(s), drafter {type(flash.drafter).__name__}, K={args.k}, stock engine "
+          f"{args.threads} thread(s), drafter "
+          f"{'none (no call runs the loop)' if flash.model.inexact_reason else type(flash.drafter).__name__}, "
+          f"K={args.k}, stock engine "
           f"{'on' if flash.model.engines.stock_active else 'off'}")
     names = {"stock": f"faster-whisper on stock ctranslate2 {stock.version if stock else ''}",
              "patched": "faster-whisper on the patched runtime"}

@@ -350,7 +350,9 @@ class FlashWhisperModel(WhisperModel):
             checkpoint (``drafter.json`` + ``drafter.safetensors``, run in PyTorch, which needs
             the ``[train]`` extra). None uses the drafter shipped for this model if there is
             one (``ct2_flash/drafters/<name>/``), otherwise ``PromptLookupDrafter``, a
-            zero-cost built-in that only helps on repeated phrases.
+            zero-cost built-in that only helps on repeated phrases. Where the loop never runs
+            (int8 without ``near_exact``, a GPU) None loads nothing and the model holds a
+            ``PromptLookupDrafter``; a drafter given is loaded, and checked, in any case.
         num_draft_tokens: K, the most tokens proposed per verification (default 8; clamped,
             with a warning, to what the drafter was trained for).
         adaptive: send a call to CTranslate2's own ``generate()`` when speculation measured
@@ -444,12 +446,17 @@ class FlashWhisperModel(WhisperModel):
         model_path = resolve_model(model_size_or_path)
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
+        # Where the loop never runs (int8 without near_exact, a GPU), no second model for it, and
+        # no shipped drafter: its graphs and buffers cost tiny.en's int8 model ~34 MB resident
+        # and ~65 ms to build, for nothing (a drafter the caller names still loads, so that a
+        # wrong one fails here).
+        loop_runs = inexact_reason(self.model.compute_type, near_exact, self.model.device) is None
+        if drafter is None and not loop_runs:
+            drafter = PromptLookupDrafter()
         drafter = _resolve_drafter(drafter, model_size_or_path, model_path, self.model.compute_type)
         # Its vocabulary and K: checked before any second model is loaded, by the loop's own check.
         num_draft_tokens = checked_draft_count(drafter, special.vocab_size, num_draft_tokens)
         config = load_config(model_path)
-        # Where the loop never runs (int8 without near_exact), no second model for it.
-        loop_runs = inexact_reason(self.model.compute_type, near_exact, self.model.device) is None
         runtime = TargetRuntime(
             self._decoder_model(model_path, decoder_threads if loop_runs else None),
             model_path,

@@ -26,7 +26,7 @@ import os
 
 import pytest
 
-from ct2_flash import FlashWhisperModel
+from ct2_flash import FlashWhisperModel, load_drafter
 from ct2_flash.drafting.base import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
 from ct2_flash.routing import CallRouter
@@ -139,7 +139,8 @@ def test_int8_windows_are_identical_where_documented(model_path, clips, kind):
     flash = pair.flash
     decoder = flash.decoder
     comparisons = []
-    drafter = drafter_for(kind, pair) or decoder.drafter
+    # The shipped drafter loaded here: the int8 model holds none, since none of its calls run the loop.
+    drafter = drafter_for(kind, pair) or load_drafter(model=model_path, compute_type="int8")
     previous = flash.hf_tokenizer.encode(" We talked about trains, museums and budgets.", add_special_tokens=False).ids
     with decoder.use_drafter(drafter):
         for name, audio in clips.items():
@@ -173,7 +174,10 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
     _PAIRS["int8"] = pair
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False)
+    # The shipped drafter named: unnamed, it is not loaded where no call runs the loop.
+    shipped = os.path.join(SHIPPED_DRAFTERS, "tiny.en") if SHIPPED else None
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False,
+                              drafter=shipped)
     drafter = drafter_for(kind, pair) or flash.decoder.drafter
     mismatches = []
     with flash.use_drafter(drafter):

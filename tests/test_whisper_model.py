@@ -184,10 +184,14 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips):
 
 
 def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_path, caplog):
-    from ct2_flash import FlashWhisperModel
+    import os
 
-    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", num_draft_tokens=12)
+    from ct2_flash import FlashWhisperModel
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+
+    with caplog.at_level(logging.WARNING, logger="ct2_flash"):  # named: unnamed, int8 loads no drafter
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", num_draft_tokens=12,
+                                  drafter=os.path.join(SHIPPED_DRAFTERS, "tiny.en"))
     assert flash.decoder.num_draft_tokens == flash.drafter.num_draft_tokens == 8
     assert any("proposes at most 8 per round" in r.getMessage() for r in caplog.records)
 
@@ -368,3 +372,24 @@ def test_transcribe_command_names_a_device_or_compute_type_it_cannot_load(capsys
         assert main(["transcribe", clip, "--no-stock-engine", *options]) == 2
         error = capsys.readouterr().err
         assert error.startswith("ct2-flash transcribe: cannot load tiny.en on ") and "Traceback" not in error
+
+
+def test_the_shipped_drafter_loads_only_where_the_loop_runs(model_path, tmp_path):
+    """At int8 without near_exact no call runs the loop, so the shipped drafter is not loaded
+    (its graphs and buffers are ~34 MB); near_exact and float32 load it, and a drafter named
+    by the caller is loaded, and checked, at int8 too."""
+    import os
+
+    from ct2_flash import CheckpointError, FlashWhisperModel, PromptLookupDrafter
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter
+
+    if not os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json")):
+        pytest.skip("no shipped drafter in this checkout")
+    common = dict(stock_engine=False, cpu_threads=2, decoder_threads=None)
+    assert type(FlashWhisperModel(model_path, compute_type="int8", **common).drafter) is PromptLookupDrafter
+    assert isinstance(FlashWhisperModel(model_path, compute_type="int8", near_exact=True, **common).drafter, OnnxDrafter)
+    named = FlashWhisperModel(model_path, compute_type="int8", drafter=os.path.join(SHIPPED_DRAFTERS, "tiny.en"), **common)
+    assert isinstance(named.drafter, OnnxDrafter)
+    with pytest.raises(CheckpointError):
+        FlashWhisperModel(model_path, compute_type="int8", drafter=str(tmp_path / "missing"), **common)
