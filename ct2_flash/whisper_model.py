@@ -159,8 +159,8 @@ class SpeculativeWhisper:
         # Where encoder outputs and the calls outside the loop run (stock engine or patched).
         self.engines = engines or Engines(model)
         # Where the loop's passes are not single steps' computation, only an opt-in runs it.
-        runtime_model = decoder.runtime.model
-        self.inexact_reason = inexact_reason(runtime_model.compute_type, near_exact, getattr(runtime_model, "device", "cpu"))
+        self._device = getattr(decoder.runtime.model, "device", "cpu")  # "cpu" or "cuda", fixed with the model
+        self.inexact_reason = inexact_reason(decoder.runtime.model.compute_type, near_exact, self._device)
         self.policy = policy or CallRouter()
         self._sampling_policies: Dict[Tuple[float, int], CallRouter] = {}
         self._vocabulary = vocabulary
@@ -215,7 +215,7 @@ class SpeculativeWhisper:
                 # beam_size=5) or asked for int8 gets no speculation at all: say so, and how.
                 hint = self.beam_search_hint if reason == _BEAM_SEARCH else None
                 if reason == self.inexact_reason:
-                    hint = _INEXACT_HINT if getattr(self.decoder.runtime.model, "device", "cpu") == "cpu" else _DEVICE_HINT
+                    hint = _INEXACT_HINT if self._device == "cpu" else _DEVICE_HINT
                 (logger.info if hint is None else logger.warning)(
                     "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
             with self._counting:
@@ -291,7 +291,7 @@ class SpeculativeWhisper:
         for index, prompt in enumerate(prompts):
             # Rows (and hypotheses) run one at a time: the patched decoder state has batch size 1.
             row = encoder_output if rows is None else on_device_of(rows[index : index + 1], encoder_output)
-            if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE and getattr(self._model, "device", "cpu") == "cpu":
+            if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE and self._device == "cpu":
                 self.decoder.confirm_score_isa(row, prompt)  # once per process
             decoded = [self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
                        for _ in range(options.num_hypotheses)]
