@@ -94,7 +94,7 @@ def compare(models: Dict[str, object], clips: Dict[str, np.ndarray], repeats: in
     first = next(iter(models))
     for model in models.values():  # warm-up: the device's first calls load kernels
         measure(model, next(iter(clips.values())), **GREEDY)
-    totals = {name: {"whole_s": 0.0, "encode_s": 0.0, "generate_s": 0.0, "tokens": 0} for name in models}
+    totals = {name: zero_totals() for name in models}
     different: Dict[str, List[str]] = {name: [] for name in models}
     for clip, audio in clips.items():
         runs: Dict[str, list] = {name: [] for name in models}
@@ -108,6 +108,11 @@ def compare(models: Dict[str, object], clips: Dict[str, np.ndarray], repeats: in
                 different[name].append(clip)
     return {name: {"identical": len(clips) - len(different[name]), "clips": len(clips), "different": different[name],
                    **rounded(totals[name])} for name in models}
+
+
+def zero_totals() -> dict:
+    """Running sums of ``Measurement`` fields, before the first (``add``)."""
+    return {"whole_s": 0.0, "encode_s": 0.0, "generate_s": 0.0, "tokens": 0}
 
 
 def add(total: dict, run) -> None:
@@ -244,7 +249,7 @@ def redecode_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dic
     for model in models.values():  # warm-up
         measure(model, stream[: 5 * SAMPLE_RATE], **GREEDY)
     flash.reset_spec_stats()
-    totals = {name: {"whole_s": 0.0, "encode_s": 0.0, "generate_s": 0.0, "tokens": 0} for name in models}
+    totals = {name: zero_totals() for name in models}
     identical = buffers = 0
     for index, piece in enumerate(pieces(stream, 25.0)):
         outputs = {}

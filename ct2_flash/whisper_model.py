@@ -447,8 +447,8 @@ class FlashWhisperModel(WhisperModel):
         super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
         # Where the loop never runs (int8 without near_exact, a GPU), no second model for it, and
-        # no shipped drafter: its graphs and buffers cost tiny.en's int8 model ~34 MB resident
-        # and ~65 ms to build, for nothing (a drafter the caller names still loads, so that a
+        # no shipped drafter: its graphs and buffers would cost memory and start-up for nothing
+        # (docs/usage.md, "Compute type"; a drafter the caller names still loads, so that a
         # wrong one fails here).
         loop_runs = inexact_reason(self.model.compute_type, near_exact, self.model.device) is None
         if drafter is None and not loop_runs:

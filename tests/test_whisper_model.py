@@ -375,9 +375,8 @@ def test_transcribe_command_names_a_device_or_compute_type_it_cannot_load(capsys
 
 
 def test_the_shipped_drafter_loads_only_where_the_loop_runs(model_path, tmp_path):
-    """At int8 without near_exact no call runs the loop, so the shipped drafter is not loaded
-    (its graphs and buffers are ~34 MB); near_exact and float32 load it, and a drafter named
-    by the caller is loaded, and checked, at int8 too."""
+    """At int8 without near_exact no call runs the loop, so the shipped drafter is not loaded;
+    near_exact loads it, and a drafter named by the caller is loaded, and checked, at int8 too."""
     import os
 
     from ct2_flash import CheckpointError, FlashWhisperModel, PromptLookupDrafter

@@ -281,7 +281,7 @@ def on_device_of(array: np.ndarray, like):
     device and dtype, so that the engine takes it as it took ``like``. CTranslate2 copies to
     the current CUDA device, GPU 0 unless set otherwise: checked on one GPU only."""
     view = ctranslate2.StorageView.from_array(np.ascontiguousarray(array, dtype=np.float32))
-    if getattr(like, "device", "cpu") == "cpu":
+    if like.device == "cpu":
         return view
     view = view.to_device(ctranslate2.Device.cuda)
     return view if like.dtype == ctranslate2.DataType.float32 else view.to(like.dtype)
