@@ -29,14 +29,14 @@ def words_of(model, audio, **options):
 @pytest.mark.parametrize(
     "options",
     [
-        # Five more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes;
-        # the fast tier's fuzz draws prefixes too).
+        # Six more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes;
+        # the fast tier's fuzz draws prefixes, and VAD with its parameters in 5 of its 10 cases).
         pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt",
                      marks=pytest.mark.slow),
         pytest.param(dict(prefix="The train"), id="prefix", marks=pytest.mark.slow),
         pytest.param(dict(hotwords="platform refreshments"), id="hotwords", marks=pytest.mark.slow),
         pytest.param(dict(condition_on_previous_text=False), id="no-previous-text", marks=pytest.mark.slow),
-        pytest.param(dict(vad_filter=True), id="vad"),
+        pytest.param(dict(vad_filter=True), id="vad", marks=pytest.mark.slow),
         pytest.param(dict(without_timestamps=True, max_new_tokens=12), id="max_new_tokens"),
         pytest.param(dict(temperature=0.0, log_prob_threshold=None, compression_ratio_threshold=None),
                      id="no-thresholds", marks=pytest.mark.slow),
