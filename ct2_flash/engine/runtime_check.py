@@ -11,6 +11,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Optional
 
+from ct2_flash.engine.runtime_import import import_runtime
+
 FIX_INSTRUCTIONS = """\
 ct2-flash needs the patched CTranslate2 runtime (PyPI: ctranslate2-crisperwhisper==4.7.1.post3),
 whose Whisper model has forward_batch() and a decoder state that can be rolled back.
@@ -56,7 +58,7 @@ def require_patched_runtime(module: Optional[ModuleType] = None) -> ModuleType:
     """Return the ctranslate2 module, or raise RuntimeInstallError with the fix."""
     if module is None:
         try:
-            import ctranslate2 as module
+            module = import_runtime()
         except ImportError as error:  # a half-removed install
             raise RuntimeInstallError(FIX_INSTRUCTIONS.format(problem=f"cannot be imported ({error})")) from error
     problem = missing_features(module)

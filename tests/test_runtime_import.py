@@ -1,0 +1,51 @@
+"""``import ct2_flash`` does not import PyTorch (``engine.runtime_import``), and the fork's
+converters, which import it, still use it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ct2_flash.engine.runtime_import import DeferredModule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A fresh interpreter: this one imported faster_whisper, so ctranslate2 and torch, already.
+FRESH_IMPORT = """
+import sys
+import numpy as np
+import ct2_flash
+assert "torch" not in sys.modules, "import ct2_flash imported torch"
+from ctranslate2.specs import model_spec
+assert model_spec.torch_is_available
+variable = model_spec.NumpyVariable(np.ones(3, np.float32)).to("bfloat16")
+import torch
+assert sys.modules["torch"] is torch and type(torch) is type(sys), "a stand-in stayed in sys.modules"
+assert isinstance(variable.tensor, torch.Tensor) and variable.dtype == "bfloat16", variable.dtype
+print("ok")
+"""
+
+
+def test_the_runtime_imports_without_torch_and_its_converters_still_use_it():
+    pytest.importorskip("torch")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", FRESH_IMPORT], env=environment, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_a_deferred_module_imports_the_real_one_at_its_first_read(tmp_path, monkeypatch):
+    (tmp_path / "deferred_probe").mkdir()
+    (tmp_path / "deferred_probe" / "__init__.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stand_in = DeferredModule("deferred_probe")
+    monkeypatch.setitem(sys.modules, "deferred_probe", stand_in)
+    assert "VALUE" not in vars(stand_in)
+    assert stand_in.VALUE == 7
+    real = sys.modules["deferred_probe"]
+    assert real is not stand_in and real.VALUE == 7
+    assert stand_in.VALUE == 7  # later reads are forwarded too
