@@ -70,6 +70,8 @@ $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --compute-ty
 $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --compute-types float32 --repeats 5 --out $OUT/synthetic_test_clips_repeat
 # A new model's first call (what a one-file process gets), and the previous policy start.
 $PY bench/first_calls.py --speech-set mfa --limit 16 --out $OUT/first_calls/int8.json
+# A process that transcribes one file: import, build, first call and exit, each system.
+$PY bench/startup.py --out $OUT/startup/startup.json
 # Transcribing from a path: what reading the file costs each system.
 $PY bench/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
