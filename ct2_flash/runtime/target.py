@@ -247,16 +247,19 @@ class TargetRuntime:
         pays for it."""
         if self._recovery_pinv is not None:
             return
-        embedding = self.embedding()
         rng = np.random.default_rng(0)
         rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
         self._recovery_rows = rows
-        self._recovery_pinv = np.ascontiguousarray(np.linalg.pinv(embedding[rows].astype(np.float64)).T, dtype=np.float32)
+        self._recovery_pinv = np.ascontiguousarray(np.linalg.pinv(self.embedding(rows).astype(np.float64)).T,
+                                                   dtype=np.float32)
         self._blas = ThreadpoolController().select(user_api="blas")
 
-    def embedding(self) -> np.ndarray:
-        """[vocab, d_model] float32 token embedding (the tied output projection)."""
-        return np.asarray(CT2ModelFile(self.model_path)["decoder/embeddings/weight"], dtype=np.float32)
+    def embedding(self, rows: Optional[np.ndarray] = None) -> np.ndarray:
+        """[vocab, d_model] float32 token embedding (the tied output projection), or only
+        ``rows`` of it ([len(rows), d_model]): read from the mapped file, so that the rest of
+        the vocabulary is neither read nor converted."""
+        embedding = CT2ModelFile(self.model_path)["decoder/embeddings/weight"]
+        return np.asarray(embedding if rows is None else embedding[rows], dtype=np.float32)
 
 
 def host_array(view) -> np.ndarray:
