@@ -7,7 +7,8 @@ interpreter; this one only reads ``CT2_FLASH`` and, when it is set (not ``0``), 
 module and calls ``activate()``. Nothing else happens at start-up: ``activate()`` puts a finder
 on ``sys.meta_path`` that waits for the program to import ``faster_whisper``, and only then
 imports ct2-flash and calls ``ct2_flash.install()`` (so a program that never uses faster-whisper
-pays nothing, and one that does pays ct2-flash's import once). ``ct2-flash hook remove``
+pays nothing, and one that does pays ct2-flash's import once); ``ctranslate2`` is imported just
+before faster_whisper, as ct2-flash imports it, without PyTorch. ``ct2-flash hook remove``
 deletes the file. The hook is opt-in twice (the file, then the variable) because a ``.pth``
 line runs in every program of the environment, pip included.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -66,6 +68,10 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in WATCHED:
             return None
+        if fullname == "faster_whisper" and "ctranslate2" not in sys.modules:
+            # faster_whisper imports ctranslate2 first thing: import it before, as ct2_flash does,
+            # without PyTorch (ct2_flash/engine/runtime_import.py).
+            _runtime_import().import_runtime()
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
@@ -102,6 +108,17 @@ class _Loader(importlib.abc.Loader):
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
+
+
+def _runtime_import():
+    """``ct2_flash/engine/runtime_import.py``, loaded from its file: importing it by name would
+    import the ``ct2_flash`` package, which imports faster_whisper, the module being imported."""
+    package = importlib.util.find_spec("ct2_flash")
+    path = os.path.join(package.submodule_search_locations[0], "engine", "runtime_import.py")
+    spec = importlib.util.spec_from_file_location("_ct2_flash_runtime_import", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pth_path(site_packages: Optional[str] = None) -> str:
