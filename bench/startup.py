@@ -3,7 +3,7 @@
 Each run is a new Python process (what a command-line run or a serverless call is) that imports
 its library, builds tiny.en and transcribes one file greedily; the process's wall time
 (interpreter start and exit included, the worker's shutdown with it) is measured from outside,
-its phases from inside. Systems, in turns, the order rotating per repeat:
+its phases from inside. Systems, in turns (``_common.interleaved``):
 
 - ``faster-whisper``: ``WhisperModel`` on stock ctranslate2 (the worker's private install
   first on ``PYTHONPATH``), what its users run;
@@ -21,6 +21,7 @@ Writes JSON: every run, and per case the median of each phase and of the process
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from _common import write_result
+from _common import interleaved, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,14 +96,12 @@ def main() -> None:
     for compute_type, torch, audio in cases:
         # Without PyTorch, importing faster_whisper first changes nothing: not a case of its own.
         systems = SYSTEMS if torch == "installed" else SYSTEMS[:2]
-        for repeat in range(args.repeats + 1):  # the first round warms the disk cache, untimed
-            order = systems[repeat % len(systems):] + systems[:repeat % len(systems)]
-            for system in order:
-                model = path if system == "faster-whisper" else "tiny.en"
-                measured = run_once(system, model, compute_type, audio, args.threads, torch)
-                if repeat:
-                    runs.append(dict(measured, system=system, compute_type=compute_type, torch=torch,
-                                     audio=os.path.relpath(audio, ROOT), repeat=repeat))
+        calls = {system: functools.partial(run_once, system, path if system == "faster-whisper" else "tiny.en",
+                                           compute_type, audio, args.threads, torch) for system in systems}
+        # The warm-up round fills the disk and bytecode caches, untimed.
+        for system, measured in interleaved(calls, args.repeats, warmup=1).items():
+            runs += [dict(run, system=system, compute_type=compute_type, torch=torch,
+                          audio=os.path.relpath(audio, ROOT), repeat=repeat) for repeat, run in enumerate(measured, 1)]
     summary = []
     for (compute_type, torch, audio), group in itertools.groupby(
             runs, key=lambda run: (run["compute_type"], run["torch"], run["audio"])):
