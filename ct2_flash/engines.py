@@ -83,6 +83,10 @@ class Engines:
         greedy = remote and _greedy(options)
         with self._choosing:
             patched = not remote or (greedy and self.policy.patched(len(prompts)))
+        if patched and not getattr(self.model, "model_is_loaded", True):
+            # A model deferred until first used (``engine.deferred_model``): its load is not
+            # the decoder's cost, which the policy is measuring.
+            self.model.load_model()
         failures = self.stock_failures
         results = None
         with Stopwatch() as watch:  # from the first try: a failed worker call is part of the cost

@@ -10,6 +10,7 @@ word timestamps, prompts, fallback, long audio) behaves as in faster-whisper.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -29,7 +30,8 @@ from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder, checked_dra
 from ct2_flash.runtime.draft_lengths import DraftLengths
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_adapted
 from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter, audio_frames
-from ct2_flash.engine.model_files import CT2ModelFile
+from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
+from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
 from ct2_flash.engine.models import embedded_name, resolve_model
 from ct2_flash.routing import CallRouter, EngineRouter, produced_tokens
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
@@ -38,6 +40,7 @@ from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.target import PromptLayout, TargetRuntime, host_array, on_device_of
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
+from ct2_flash.stock.location import installed as stock_installed
 from ct2_flash.engines import Engines
 from ct2_flash.thread_split import measure_split
 
@@ -413,7 +416,9 @@ class FlashWhisperModel(WhisperModel):
             on stock ctranslate2, the engine users run. The loop gets a copy of the encoder
             output when a call speculates, and greedy ``generate()`` calls run on the patched
             runtime instead where that measured faster (``routing.EngineRouter``). Costs a
-            second copy of the model in memory (the sizes: README). If the worker cannot start
+            second copy of the model in memory (the sizes: README); where the loop never runs
+            on the CPU (int8), the patched copy loads only when a call first needs it
+            (``engine.deferred_model``). If the worker cannot start
             or dies, one warning, and the patched runtime serves the calls (a dead worker is
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
@@ -444,7 +449,9 @@ class FlashWhisperModel(WhisperModel):
                                                      or decoder_threads < 1):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
-        super().__init__(model_path, *args, **kwargs)
+        deferred = self._deferred_build(model_path, args, kwargs, stock_engine and not near_exact)
+        with deferring_loads(faster_whisper.transcribe, deferred) if deferred else contextlib.nullcontext():
+            super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
         # Where the loop never runs (int8 without near_exact, a GPU), no second model for it, and
         # no shipped drafter: its graphs and buffers would cost memory and start-up for nothing
@@ -479,6 +486,32 @@ class FlashWhisperModel(WhisperModel):
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or CallRouter(), near_exact,
                                         engines, redecodes)
+
+    @staticmethod
+    def _deferred_build(model_path: str, args, kwargs, worker_serves: bool) -> Optional[Callable]:
+        """Where the worker will serve every call (int8 on CPU, no loop), what builds
+        faster-whisper's model instead of loading it: a ``DeferredWhisper``, loaded at its first
+        use (``engine.deferred_model``); None loads it as faster-whisper does."""
+        if not worker_serves or not stock_installed():
+            return None
+        bound = inspect.signature(WhisperModel.__init__).bind(None, model_path, *args, **kwargs)
+        bound.apply_defaults()
+        options = bound.arguments
+        resolved = deferred_compute_type(options["device"], options["device_index"], options["compute_type"],
+                                         ctranslate2.get_supported_compute_types, ctranslate2.get_cuda_device_count)
+        if resolved is None or options["files"]:
+            return None
+
+        def build(path, device="cpu", device_index=0, compute_type="default", files=None, **loader_options):
+            """``ctranslate2.models.Whisper``'s parameters."""
+            try:
+                return DeferredWhisper(ctranslate2.models.Whisper, path, resolved, **loader_options)
+            except ModelFileError:
+                # The runtime's own load raises faster-whisper's error for the same files.
+                return ctranslate2.models.Whisper(path, device=device, device_index=device_index,
+                                                  compute_type=compute_type, files=files, **loader_options)
+
+        return build
 
     def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int]) -> Optional[StockEngine]:
         """The worker on stock ctranslate2, with this model's compute type and threads (CPU

@@ -1,0 +1,92 @@
+"""The patched model deferred until first used (``engine.deferred_model``): what it answers
+without loading is what the runtime loads, only certain compute types are deferred, and
+faster-whisper's module gets its own ``ctranslate2`` back."""
+
+import shutil
+import threading
+import types
+
+import ctranslate2
+import faster_whisper
+import pytest
+
+from ct2_flash import FlashWhisperModel, available_models, resolve_model
+from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
+from ct2_flash.engine.model_files import ModelFileError
+
+from .conftest import THREADS
+
+READ_FROM_FILES = ("compute_type", "device", "device_index", "is_multilingual", "num_languages", "n_mels")
+
+
+def _resolved(device="cpu", index=0, asked="int8", supported=("float32", "int8", "int8_float32"), gpus=0):
+    return deferred_compute_type(device, index, asked, lambda device: supported, lambda: gpus)
+
+
+def test_only_what_surely_resolves_to_int8_on_the_cpu_is_deferred():
+    for asked in ("int8", "int8_float32", "auto"):
+        assert _resolved(asked=asked) == "int8_float32"
+    assert _resolved(device="auto") == "int8_float32"
+    assert _resolved(device="auto", gpus=1) is None  # faster-whisper's "auto" means CUDA there
+    assert _resolved(device="cuda") is None
+    assert _resolved(index=[0, 1]) is None
+    for asked in ("default", "float32", "int8_float16", "int16", "float16"):
+        assert _resolved(asked=asked) is None, asked
+    assert _resolved(supported=("float32",)) is None  # a CPU without int8 kernels
+
+
+@pytest.mark.parametrize("name", [
+    "tiny.en",
+    pytest.param("base", marks=[pytest.mark.slow, pytest.mark.skipif("base" not in available_models(),
+                                                                     reason="the multilingual base is not installed")]),
+])
+def test_what_it_reads_from_the_files_is_what_the_runtime_loads(name):
+    path = resolve_model(name)
+    resolved = deferred_compute_type("cpu", 0, "int8", ctranslate2.get_supported_compute_types,
+                                     ctranslate2.get_cuda_device_count)
+    deferred = DeferredWhisper(ctranslate2.models.Whisper, path, resolved, intra_threads=1)
+    told = {attribute: getattr(deferred, attribute) for attribute in READ_FROM_FILES}
+    assert not deferred.model_is_loaded
+    for asked in ("int8", "auto"):
+        loaded = ctranslate2.models.Whisper(path, compute_type=asked, intra_threads=1)
+        assert {attribute: getattr(loaded, attribute) for attribute in READ_FROM_FILES} == told, asked
+    assert deferred.num_languages == loaded.num_languages and deferred.is_multilingual == (name == "base")
+    assert deferred.load_model() is deferred.load_model()  # loaded once
+    assert deferred.model_is_loaded and deferred.encode is not None  # the model's own methods now
+
+
+def test_the_switch_serves_only_the_thread_that_asked_and_puts_the_module_back():
+    class Model:
+        def __init__(self, *args, **kwargs):
+            self.args = args
+
+    runtime = types.SimpleNamespace(models=types.SimpleNamespace(Whisper=Model), StorageView="the runtime's")
+    module = types.SimpleNamespace(__name__="a_client", ctranslate2=runtime)
+    seen = {}
+    with deferring_loads(module, lambda *args, **kwargs: "deferred"):
+        assert module.ctranslate2 is not runtime and module.ctranslate2.StorageView == "the runtime's"
+        assert module.ctranslate2.models.Whisper("path") == "deferred"
+        other = threading.Thread(target=lambda: seen.update(built=module.ctranslate2.models.Whisper("path")))
+        other.start()
+        other.join()
+        with deferring_loads(module, lambda *args, **kwargs: "nested"):
+            assert module.ctranslate2.models.Whisper("path") == "nested"
+        assert module.ctranslate2 is not runtime  # still switched while a thread is inside
+    assert isinstance(seen["built"], Model)
+    assert module.ctranslate2 is runtime
+    with pytest.raises(KeyError), deferring_loads(module, lambda *args, **kwargs: None):
+        raise KeyError("a failed construction")
+    assert module.ctranslate2 is runtime
+
+
+def test_files_that_cannot_load_raise_faster_whispers_error_at_construction(model_path, tmp_path):
+    with pytest.raises(ModelFileError, match="no CTranslate2 model file"):
+        DeferredWhisper(ctranslate2.models.Whisper, str(tmp_path), "int8_float32")
+    broken = tmp_path / "truncated"
+    shutil.copytree(model_path, broken)
+    with open(broken / "model.bin", "r+b") as stream:
+        stream.truncate(30_000_000)
+    for build in (faster_whisper.WhisperModel, FlashWhisperModel):
+        with pytest.raises(RuntimeError, match="model.bin is incomplete"):
+            build(str(broken), compute_type="int8", cpu_threads=THREADS)
+    assert faster_whisper.transcribe.ctranslate2 is ctranslate2
