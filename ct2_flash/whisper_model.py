@@ -449,8 +449,15 @@ class FlashWhisperModel(WhisperModel):
                                                      or decoder_threads < 1):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
-        deferred = self._deferred_build(model_path, args, kwargs, stock_engine and not near_exact)
-        with deferring_loads(faster_whisper.transcribe, deferred) if deferred else contextlib.nullcontext():
+        deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine and not near_exact)
+        stock, stopping = None, None
+        if deferred is not None:
+            # Nothing here loads a model then: the worker starts first, and loads its copy while
+            # faster-whisper's constructor and ours run. It stops with the model, or with a
+            # constructor that raises.
+            stock = self._stock_engine(model_path, args, kwargs, seed, "cpu", deferred)
+            stopping = weakref.finalize(self, stock.close)
+        with deferring_loads(faster_whisper.transcribe, _deferred_build(deferred)) if deferred else contextlib.nullcontext():
             super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
         # Where the loop never runs (int8 without near_exact, a GPU), no second model for it, and
@@ -481,46 +488,39 @@ class FlashWhisperModel(WhisperModel):
             ctranslate2.set_random_seed(seed)
         decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
                                      guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
-        engines = Engines(self.model, self._stock_engine(model_path, args, kwargs, seed) if stock_engine else None,
-                          engine_policy)
+        if stock is None and stock_engine:
+            stock = self._stock_engine(model_path, args, kwargs, seed, self.model.device, self.model.compute_type)
+        engines = Engines(self.model, stock, engine_policy)
+        if stopping is not None:
+            stopping.detach()
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or CallRouter(), near_exact,
                                         engines, redecodes)
 
     @staticmethod
-    def _deferred_build(model_path: str, args, kwargs, worker_serves: bool) -> Optional[Callable]:
-        """Where the worker will serve every call (int8 on CPU, no loop), what builds
-        faster-whisper's model instead of loading it: a ``DeferredWhisper``, loaded at its first
-        use (``engine.deferred_model``); None loads it as faster-whisper does."""
+    def _deferred_compute_type(model_path: str, args, kwargs, worker_serves: bool) -> Optional[str]:
+        """Where the worker will serve every call (int8 on the CPU, no loop), the compute type
+        the patched model will have when it loads at its first use (``engine.deferred_model``);
+        None: it loads with the model, as in faster-whisper."""
         if not worker_serves or not stock_installed():
             return None
         bound = inspect.signature(WhisperModel.__init__).bind(None, model_path, *args, **kwargs)
         bound.apply_defaults()
         options = bound.arguments
-        resolved = deferred_compute_type(options["device"], options["device_index"], options["compute_type"],
-                                         ctranslate2.get_supported_compute_types, ctranslate2.get_cuda_device_count)
-        if resolved is None or options["files"]:
+        if options["files"]:
             return None
+        return deferred_compute_type(options["device"], options["device_index"], options["compute_type"],
+                                     ctranslate2.get_supported_compute_types, ctranslate2.get_cuda_device_count)
 
-        def build(path, device="cpu", device_index=0, compute_type="default", files=None, **loader_options):
-            """``ctranslate2.models.Whisper``'s parameters."""
-            try:
-                return DeferredWhisper(ctranslate2.models.Whisper, path, resolved, **loader_options)
-            except ModelFileError:
-                # The runtime's own load raises faster-whisper's error for the same files.
-                return ctranslate2.models.Whisper(path, device=device, device_index=device_index,
-                                                  compute_type=compute_type, files=files, **loader_options)
-
-        return build
-
-    def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int]) -> Optional[StockEngine]:
+    def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int], device: str,
+                      compute_type: str) -> Optional[StockEngine]:
         """The worker on stock ctranslate2, with this model's compute type and threads (CPU
         only: the measured penalty is the patched runtime's CPU kernels)."""
-        if self.model.device != "cpu":
-            logger.info("ct2-flash: stock_engine only applies on CPU; the %s model serves every call", self.model.device)
+        if device != "cpu":
+            logger.info("ct2-flash: stock_engine only applies on CPU; the %s model serves every call", device)
             return None
         bound = inspect.signature(WhisperModel.__init__).bind(self, model_path, *args, **kwargs).arguments
-        engine = StockEngine(model_path, self.model.compute_type, intra_threads=bound.get("cpu_threads", 0),
+        engine = StockEngine(model_path, compute_type, intra_threads=bound.get("cpu_threads", 0),
                              inter_threads=bound.get("num_workers", 1), seed=seed)
         # It loads its model while the caller gets its audio ready: the first call does not wait
         # a whole start (about a second for tiny.en).
@@ -681,6 +681,20 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
     logger.warning("ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
                    "convert it with: ct2-flash convert-drafter %s OUT", drafter, drafter)
     return FlashDrafter(load_checkpoint(drafter, model_path))
+
+
+def _deferred_build(resolved: str) -> Callable:
+    """What builds faster-whisper's model in its constructor (``ctranslate2.models.Whisper``'s
+    parameters): a ``DeferredWhisper`` at the ``resolved`` compute type, or, for files it
+    cannot read, the runtime's own load, which raises faster-whisper's error for them."""
+    def build(path, device="cpu", device_index=0, compute_type="default", files=None, **loader_options):
+        try:
+            return DeferredWhisper(ctranslate2.models.Whisper, path, resolved, **loader_options)
+        except ModelFileError:
+            return ctranslate2.models.Whisper(path, device=device, device_index=device_index,
+                                              compute_type=compute_type, files=files, **loader_options)
+
+    return build
 
 
 def _model_width(model_path: str) -> int:

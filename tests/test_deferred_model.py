@@ -2,6 +2,7 @@
 without loading is what the runtime loads, only certain compute types are deferred, and
 faster-whisper's module gets its own ``ctranslate2`` back."""
 
+import gc
 import shutil
 import threading
 import types
@@ -12,7 +13,9 @@ import pytest
 
 from ct2_flash import FlashWhisperModel, available_models, resolve_model
 from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
+from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.engine.model_files import ModelFileError
+from ct2_flash.stock.client import StockEngine
 
 from .conftest import THREADS
 
@@ -90,3 +93,16 @@ def test_files_that_cannot_load_raise_faster_whispers_error_at_construction(mode
         with pytest.raises(RuntimeError, match="model.bin is incomplete"):
             build(str(broken), compute_type="int8", cpu_threads=THREADS)
     assert faster_whisper.transcribe.ctranslate2 is ctranslate2
+
+
+def test_the_worker_started_before_faster_whispers_constructor_stops_when_construction_fails(
+        model_path, tmp_path, monkeypatch):
+    """At int8 the worker starts first (nothing in this process loads a model); a constructor
+    that raises after that (here: a drafter directory that does not exist) leaves no worker."""
+    started = []
+    original = StockEngine.start
+    monkeypatch.setattr(StockEngine, "start", lambda engine: (started.append(engine), original(engine)))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, drafter=str(tmp_path / "none"))
+    gc.collect()
+    assert len(started) == 1 and not started[0].running
