@@ -9,7 +9,10 @@ its phases from inside. Systems, in turns (``_common.interleaved``):
   first on ``PYTHONPATH``), what its users run;
 - ``ct2-flash``: ``FlashWhisperModel("tiny.en")`` with its defaults, imported first;
 - ``ct2-flash after faster_whisper``: the same, where the program imported ``faster_whisper``
-  (so the patched ``ctranslate2``) before ``ct2_flash``.
+  (so the patched ``ctranslate2``) before ``ct2_flash``;
+- with ``--compare-checkout DIR``, ``ct2-flash at REV``: ``ct2-flash`` from another checkout of
+  this repository (first on ``PYTHONPATH``), to measure a change against the code before it in
+  one run.
 
 Each runs with PyTorch importable (``torch: installed``; the test install has it) and hidden
 (``absent``, as in the default install: ``sys.modules["torch"] = None`` in the child).
@@ -60,17 +63,22 @@ print(json.dumps({"import_s": imported - started, "build_s": built - imported, "
 SYSTEMS = ("faster-whisper", "ct2-flash", "ct2-flash after faster_whisper")
 
 
-def run_once(system: str, model: str, compute_type: str, audio: str, threads: int, torch: str) -> dict:
-    """One process: its phases (from inside) and its wall seconds (from outside)."""
+def run_once(system: str, model: str, compute_type: str, audio: str, threads: int, torch: str,
+             checkout: str = "") -> dict:
+    """One process: its phases (from inside) and its wall seconds (from outside); ``checkout``,
+    a directory whose ``ct2_flash`` the child imports instead of this one."""
     from ct2_flash.stock.location import environment_with, stock_dir
 
-    environment = environment_with(stock_dir()) if system == "faster-whisper" else dict(os.environ)
+    environment = environment_with(stock_dir() if system == "faster-whisper" else checkout)
     # Python caches compiled modules by default (pip compiles an installed package's): the
     # untimed first round writes ct2-flash's caches, as a user's first run would.
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", CHILD, system, model, compute_type, audio, str(threads), torch],
-                            env=environment, capture_output=True, text=True, timeout=300)
+    child_system = "ct2-flash" if checkout else system
+    # In the checkout: ``python -c`` puts its working directory first on the path.
+    result = subprocess.run([sys.executable, "-c", CHILD, child_system, model, compute_type, os.path.abspath(audio),
+                             str(threads), torch],
+                            env=environment, capture_output=True, text=True, timeout=300, cwd=checkout or None)
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise RuntimeError(f"{system} failed:\n{result.stderr}")
@@ -84,20 +92,30 @@ def main() -> None:
     parser.add_argument("--compute-types", nargs="+", default=["int8", "float32"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch", nargs="+", default=["installed", "absent"], choices=["installed", "absent"])
+    parser.add_argument("--compare-checkout", default="",
+                        help="another checkout of this repository whose ct2-flash runs as one more system")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "startup", "startup.json"))
     args = parser.parse_args()
+    compared = ()
+    if args.compare_checkout:
+        revision = subprocess.run(["git", "-C", args.compare_checkout, "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        compared = (f"ct2-flash at {revision}",)
 
     from ct2_flash.engine.models import resolve_model
 
     path = resolve_model("tiny.en")
     runs = []
-    cases = [(compute_type, torch, audio) for compute_type in args.compute_types for torch in ("installed", "absent")
+    cases = [(compute_type, torch, audio) for compute_type in args.compute_types for torch in args.torch
              for audio in args.audio]
     for compute_type, torch, audio in cases:
         # Without PyTorch, importing faster_whisper first changes nothing: not a case of its own.
-        systems = SYSTEMS if torch == "installed" else SYSTEMS[:2]
+        systems = (SYSTEMS if torch == "installed" else SYSTEMS[:2]) + compared
         calls = {system: functools.partial(run_once, system, path if system == "faster-whisper" else "tiny.en",
-                                           compute_type, audio, args.threads, torch) for system in systems}
+                                           compute_type, audio, args.threads, torch,
+                                           args.compare_checkout if system in compared else "")
+                 for system in systems}
         # The warm-up round fills the disk and bytecode caches, untimed.
         for system, measured in interleaved(calls, args.repeats, warmup=1).items():
             runs += [dict(run, system=system, compute_type=compute_type, torch=torch,
@@ -108,7 +126,7 @@ def main() -> None:
         group = list(group)
         baseline = statistics.median(run["process_s"] for run in group if run["system"] == "faster-whisper")
         texts = {run["text"] for run in group}
-        for system in SYSTEMS:
+        for system in SYSTEMS + compared:
             own = [run for run in group if run["system"] == system]
             if not own:
                 continue
