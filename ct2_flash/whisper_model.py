@@ -244,6 +244,9 @@ class SpeculativeWhisper:
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
         in_loop = speculative and self._loop.acquire(blocking=repeatable)
         try:
+            if in_loop:
+                # A model deferred until its first use loads here, not in the call the policy times.
+                self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
             with Stopwatch() as watch:
                 if in_loop:
                     results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
@@ -416,9 +419,9 @@ class FlashWhisperModel(WhisperModel):
             on stock ctranslate2, the engine users run. The loop gets a copy of the encoder
             output when a call speculates, and greedy ``generate()`` calls run on the patched
             runtime instead where that measured faster (``routing.EngineRouter``). Costs a
-            second copy of the model in memory (the sizes: README); where the loop never runs
-            on the CPU (int8), the patched copy loads only when a call first needs it
-            (``engine.deferred_model``). If the worker cannot start
+            second copy of the model in memory (the sizes: README), though the patched copy
+            loads only when a call first needs it, where its compute type is certain without
+            loading (``engine.deferred_model``). If the worker cannot start
             or dies, one warning, and the patched runtime serves the calls (a dead worker is
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
@@ -449,12 +452,12 @@ class FlashWhisperModel(WhisperModel):
                                                      or decoder_threads < 1):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
-        deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine and not near_exact)
+        deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine)
         stock, stopping = None, None
         if deferred is not None:
-            # Nothing here loads a model then: the worker starts first, and loads its copy while
-            # faster-whisper's constructor and ours run. It stops with the model, or with a
-            # constructor that raises.
+            # Nothing here loads the model then: the worker starts first, and loads its copy
+            # while faster-whisper's constructor and ours run. It stops with the model, or with
+            # a constructor that raises.
             stock = self._stock_engine(model_path, args, kwargs, seed, "cpu", deferred)
             stopping = weakref.finalize(self, stock.close)
         with deferring_loads(faster_whisper.transcribe, _deferred_build(deferred)) if deferred else contextlib.nullcontext():
@@ -478,9 +481,10 @@ class FlashWhisperModel(WhisperModel):
             suppress_ids=config.get("suppress_ids", ()),
             suppress_ids_begin=config.get("suppress_ids_begin", ()),
         )
-        if drafter.needs_states and loop_runs:
+        if drafter.needs_states and loop_runs and deferred is None:
             # Otherwise the first speculative call would pay for it, and the policy would
-            # measure speculation slower than it is (where the loop never runs, nothing pays).
+            # measure speculation slower than it is (where the loop never runs, nothing pays;
+            # a deferred model is loaded, and the recovery solved, before the loop's first call).
             runtime.prepare_recovery()
         if guard_margin is None:
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
@@ -498,18 +502,22 @@ class FlashWhisperModel(WhisperModel):
                                         engines, redecodes)
 
     @staticmethod
-    def _deferred_compute_type(model_path: str, args, kwargs, worker_serves: bool) -> Optional[str]:
-        """Where the worker will serve every call (int8 on the CPU, no loop), the compute type
-        the patched model will have when it loads at its first use (``engine.deferred_model``);
+    def _deferred_compute_type(model_path: str, args, kwargs, worker: bool) -> Optional[str]:
+        """With the worker (which serves the first calls) on the CPU, the compute type the
+        patched model will have when it loads at its first use (``engine.deferred_model``);
         None: it loads with the model, as in faster-whisper."""
-        if not worker_serves or not stock_installed():
+        if not worker or not stock_installed():
             return None
         bound = inspect.signature(WhisperModel.__init__).bind(None, model_path, *args, **kwargs)
         bound.apply_defaults()
         options = bound.arguments
         if options["files"]:
             return None
-        return deferred_compute_type(options["device"], options["device_index"], options["compute_type"],
+        try:
+            saved = CT2ModelFile(model_path).weight_dtypes()
+        except ModelFileError:
+            return None  # the runtime's own load raises faster-whisper's error for these files
+        return deferred_compute_type(options["device"], options["device_index"], options["compute_type"], saved,
                                      ctranslate2.get_supported_compute_types, ctranslate2.get_cuda_device_count)
 
     def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int], device: str,
@@ -684,15 +692,11 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
 
 
 def _deferred_build(resolved: str) -> Callable:
-    """What builds faster-whisper's model in its constructor (``ctranslate2.models.Whisper``'s
-    parameters): a ``DeferredWhisper`` at the ``resolved`` compute type, or, for files it
-    cannot read, the runtime's own load, which raises faster-whisper's error for them."""
+    """What builds faster-whisper's model in its constructor, with ``ctranslate2.models.Whisper``'s
+    parameters: a ``DeferredWhisper`` at the ``resolved`` compute type (its files were read by
+    ``_deferred_compute_type``)."""
     def build(path, device="cpu", device_index=0, compute_type="default", files=None, **loader_options):
-        try:
-            return DeferredWhisper(ctranslate2.models.Whisper, path, resolved, **loader_options)
-        except ModelFileError:
-            return ctranslate2.models.Whisper(path, device=device, device_index=device_index,
-                                              compute_type=compute_type, files=files, **loader_options)
+        return DeferredWhisper(ctranslate2.models.Whisper, path, resolved, **loader_options)
 
     return build
 

@@ -11,10 +11,10 @@ import ctranslate2
 import faster_whisper
 import pytest
 
-from ct2_flash import FlashWhisperModel, available_models, resolve_model
+from ct2_flash import FlashWhisperModel, available_models, resolve_model, whisper_model
 from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.drafting.files import CheckpointError
-from ct2_flash.engine.model_files import ModelFileError
+from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
 from ct2_flash.stock.client import StockEngine
 
 from .conftest import THREADS
@@ -22,20 +22,28 @@ from .conftest import THREADS
 READ_FROM_FILES = ("compute_type", "device", "device_index", "is_multilingual", "num_languages", "n_mels")
 
 
-def _resolved(device="cpu", index=0, asked="int8", supported=("float32", "int8", "int8_float32"), gpus=0):
-    return deferred_compute_type(device, index, asked, lambda device: supported, lambda: gpus)
+def _resolved(device="cpu", index=0, asked="int8", saved=("float16",), supported=("float32", "int8", "int8_float32"),
+              gpus=0):
+    return deferred_compute_type(device, index, asked, set(saved), lambda device: supported, lambda: gpus)
 
 
-def test_only_what_surely_resolves_to_int8_on_the_cpu_is_deferred():
+def test_only_what_surely_resolves_on_the_cpu_is_deferred():
     for asked in ("int8", "int8_float32", "auto"):
         assert _resolved(asked=asked) == "int8_float32"
+        assert _resolved(asked=asked, saved=("int8", "float32")) == "int8_float32"
     assert _resolved(device="auto") == "int8_float32"
     assert _resolved(device="auto", gpus=1) is None  # faster-whisper's "auto" means CUDA there
     assert _resolved(device="cuda") is None
     assert _resolved(index=[0, 1]) is None
-    for asked in ("default", "float32", "int8_float16", "int16", "float16"):
-        assert _resolved(asked=asked) is None, asked
     assert _resolved(supported=("float32",)) is None  # a CPU without int8 kernels
+    assert _resolved(asked="float32", saved=("int8", "float32")) == "float32"
+    # "default" keeps what was saved: float16 becomes float32 on a CPU without float16 kernels.
+    assert _resolved(asked="default") == _resolved(asked="default", saved=("float32",)) == "float32"
+    assert _resolved(asked="default", supported=("float32", "float16")) is None
+    for saved in (("int8", "float32"), ("int16", "float32"), ("bfloat16",), ()):
+        assert _resolved(asked="default", saved=saved) is None, saved
+    for asked in ("int8_float16", "int16", "float16", "bfloat16"):
+        assert _resolved(asked=asked) is None, asked
 
 
 @pytest.mark.parametrize("name", [
@@ -45,17 +53,25 @@ def test_only_what_surely_resolves_to_int8_on_the_cpu_is_deferred():
 ])
 def test_what_it_reads_from_the_files_is_what_the_runtime_loads(name):
     path = resolve_model(name)
-    resolved = deferred_compute_type("cpu", 0, "int8", ctranslate2.get_supported_compute_types,
-                                     ctranslate2.get_cuda_device_count)
-    deferred = DeferredWhisper(ctranslate2.models.Whisper, path, resolved, intra_threads=1)
-    told = {attribute: getattr(deferred, attribute) for attribute in READ_FROM_FILES}
-    assert not deferred.model_is_loaded
-    for asked in ("int8", "auto"):
+    saved = CT2ModelFile(path).weight_dtypes()
+    for asked in ("int8", "auto", "default", "float32"):
+        resolved = deferred_compute_type("cpu", 0, asked, saved, ctranslate2.get_supported_compute_types,
+                                         ctranslate2.get_cuda_device_count)
+        deferred = DeferredWhisper(ctranslate2.models.Whisper, path, resolved, intra_threads=1)
+        told = {attribute: getattr(deferred, attribute) for attribute in READ_FROM_FILES}
+        assert not deferred.model_is_loaded
         loaded = ctranslate2.models.Whisper(path, compute_type=asked, intra_threads=1)
         assert {attribute: getattr(loaded, attribute) for attribute in READ_FROM_FILES} == told, asked
-    assert deferred.num_languages == loaded.num_languages and deferred.is_multilingual == (name == "base")
+    assert deferred.is_multilingual == (name == "base")
     assert deferred.load_model() is deferred.load_model()  # loaded once
     assert deferred.model_is_loaded and deferred.encode is not None  # the model's own methods now
+
+
+def test_a_runtime_that_loads_otherwise_than_it_was_told_is_refused(model_path):
+    deferred = DeferredWhisper(ctranslate2.models.Whisper, model_path, "int8_float32", intra_threads=1)
+    deferred.is_multilingual = True  # as a rule that no longer held would have told it
+    with pytest.raises(RuntimeError, match="loaded as .*'is_multilingual': False.*stock_engine=False"):
+        deferred.load_model()
 
 
 def test_the_switch_serves_only_the_thread_that_asked_and_puts_the_module_back():
@@ -106,3 +122,24 @@ def test_the_worker_started_before_faster_whispers_constructor_stops_when_constr
         FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, drafter=str(tmp_path / "none"))
     gc.collect()
     assert len(started) == 1 and not started[0].running
+
+
+def test_the_loops_first_call_loads_the_model_before_its_timer_starts(model_path, clips, monkeypatch):
+    """At float32 the loop's first call loads the deferred model and solves the recovery
+    outside the time the call router measures it by (else one load would make the loop look
+    slower than it is)."""
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, adaptive=False)
+    runtime = flash.decoder.runtime
+    assert not flash.reference_model.model_is_loaded and runtime._recovery_pinv is None
+    ready_when_timed = []
+
+    class Watched(whisper_model.Stopwatch):
+        def __enter__(self):
+            ready_when_timed.append(runtime.model.model_is_loaded and runtime._recovery_pinv is not None)
+            return super().__enter__()
+
+    monkeypatch.setattr(whisper_model, "Stopwatch", Watched)
+    list(flash.transcribe(clips["clip00_kal16.ogg"], beam_size=1)[0])
+    assert flash.spec_stats.target_calls > 0  # it ran in the loop
+    assert ready_when_timed[-1]  # the generate() call's timer (the encoder's came before)
+    flash.model.engines.close()

@@ -157,8 +157,8 @@ def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_w
         for name in SHORT[1:]:
             expected = stock.measure(name, clips[name], seed=0, beam_size=1).tokens
             assert [list(s.tokens) for s in flash.transcribe(clips[name], beam_size=1)[0]] == expected, name
-        # At int8 the patched model loads when the policy first sends a call to it, not before.
-        assert flash.reference_model.model_is_loaded == (forced or compute_type == "float32")
+        # The patched model loads when the policy first sends a call to it, not before.
+        assert flash.reference_model.model_is_loaded == forced
     assert engines.generate_calls["patched"] > 0  # (the loop may take a call at float32)
     assert engines.stock.running and engines.stock_failures == 0
     engines.close()

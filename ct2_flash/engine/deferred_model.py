@@ -1,28 +1,26 @@
 """A patched-runtime Whisper model that loads at its first use.
 
-Where the stock worker serves every call (int8 on CPU without ``near_exact``: the loop never
-runs there), the patched model in the caller's process is used only for the engine router's
-first probe (``routing.EngineRouter``), or when the worker fails. Loading it at construction
-took as long as the worker's own load (tiny.en at int8: 0.26-0.34 s on 2 cores), right before
+With the stock worker on, the worker encodes every window and serves every call outside the
+loop, and the engine and call routers send the first calls there (``routing``): the patched
+model in the caller's process is used only by the loop (at float32 from its first probe, call
+17 on fresh audio, or a re-decode), the engine router's first probe of it (call 16), or a
+worker that fails. Loading it at construction took as long as the worker's own load, before
 the worker started, so a process that transcribes one short file paid it for nothing
-(docs/measurements.md, "Start-up"). ``DeferredWhisper`` answers what faster-whisper and
-ct2-flash read at construction (compute type, device, languages, mel bins) from the model's
-files, and loads the model when anything else is asked of it.
+(docs/measurements.md, "Start-up"). ``DeferredWhisper`` answers what
+faster-whisper and ct2-flash read at construction (compute type, device, languages, mel bins)
+from the model's files, and loads the model when anything else is asked of it.
 
-Only the compute types whose resolution is certain without loading are deferred
+Only compute types whose resolution is certain without loading are deferred
 (``deferred_compute_type``); everything else loads at once, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
-
-logger = logging.getLogger("ct2_flash")
 
 # Requested compute types that CTranslate2 resolves to int8_float32 on a CPU with int8
 # kernels, whatever type the model was saved in ("auto" picks the fastest supported).
@@ -33,21 +31,30 @@ _MULTILINGUAL_VOCABULARY = 51865
 _LANGUAGE_TOKENS_FROM = 51765
 
 
-def deferred_compute_type(device: str, device_index: Any, compute_type: str,
+def deferred_compute_type(device: str, device_index: Any, compute_type: str, saved: AbstractSet[str],
                           supported: Callable[[str], Sequence[str]], cuda_devices: Callable[[], int]) -> Optional[str]:
     """The compute type ``ctranslate2.models.Whisper(device=device, compute_type=compute_type)``
-    resolves to, where that is certain without loading and is int8 on a CPU; None otherwise.
+    resolves to on a CPU, where that is certain without loading; None otherwise (another
+    device, or a resolution that depends on more than this knows).
 
-    ``supported`` and ``cuda_devices`` are the runtime's ``get_supported_compute_types`` and
-    ``get_cuda_device_count``.
+    Args:
+        saved: the dtypes of the model's saved weights (``CT2ModelFile.weight_dtypes``).
+        supported, cuda_devices: the runtime's ``get_supported_compute_types`` and
+            ``get_cuda_device_count``.
     """
     if device == "auto":
         device = "cpu" if cuda_devices() == 0 else "cuda"
     if device != "cpu" or device_index not in (0, [0], (0,)):
         return None
-    if compute_type not in _RESOLVED_TO_INT8 or "int8" not in supported("cpu"):
+    if compute_type in _RESOLVED_TO_INT8:
+        return "int8_float32" if "int8" in supported("cpu") else None
+    if compute_type == "float32":
+        return "float32"
+    # "default" keeps the saved type, and a float16 one becomes float32 where the CPU has no
+    # float16 kernels; a quantized or bfloat16 model is left to the runtime.
+    if compute_type != "default" or not saved or not saved <= {"float32", "float16"}:
         return None
-    return "int8_float32"
+    return None if "float16" in saved and "float16" in supported("cpu") else "float32"
 
 
 class DeferredWhisper:
@@ -92,15 +99,17 @@ class DeferredWhisper:
                 told = {name: getattr(self, name) for name in ("compute_type", "is_multilingual", "num_languages", "n_mels")}
                 found = {name: getattr(model, name) for name in told}
                 if told != found:
-                    # What faster-whisper was told at construction; a runtime that reads the
-                    # files differently would need this module to learn its rule.
-                    logger.warning("ct2-flash: the patched model loaded as %s, not %s as read from its files",
-                                   found, told)
+                    # faster-whisper and the loop decided by what they were told (at float32
+                    # the loop is exact, at int8 it does not run): a runtime that resolves
+                    # otherwise would make those decisions wrong, so nothing runs on it.
+                    raise RuntimeError(f"ct2-flash: the patched model loaded as {found}, not {told} as read from "
+                                       f"its files; build the model with stock_engine=False, which loads it at "
+                                       f"once (and please report this)")
                 self._model = model
         return self._model
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("_"):  # not the model's API (and this object's own, before __init__ set them)
             raise AttributeError(name)
         return getattr(self.load_model(), name)
 

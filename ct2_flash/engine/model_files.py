@@ -96,6 +96,12 @@ class CT2ModelFile:
         yield from self._entries
         yield from self._aliases
 
+    def weight_dtypes(self) -> set:
+        """The dtypes its weights are saved in ("float16", "int8", ...): the variables named
+        ``.../weight``, which CTranslate2 quantizes and infers a saved model's type from (the
+        settings beside them, such as ``decoder/num_heads``, are small integers in any model)."""
+        return {entry.dtype for name, entry in self._entries.items() if name.endswith("weight")}
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries or name in self._aliases
 

@@ -241,6 +241,15 @@ class TargetRuntime:
         with self._blas.limit(limits=1):
             return np.asarray(columns, dtype=np.float32) @ self._recovery_pinv
 
+    def prepare(self, recovery: bool) -> None:
+        """What the loop's first pass would otherwise pay for inside it, done now (nothing
+        once done): load a model deferred until its first use (``engine.deferred_model``),
+        and with ``recovery`` solve the state recovery."""
+        if not getattr(self.model, "model_is_loaded", True):
+            self.model.load_model()
+        if recovery:
+            self.prepare_recovery()
+
     def prepare_recovery(self) -> None:
         """Choose the recovery rows and solve their pseudo-inverse (once; a fraction of a
         second for tiny.en). The model does it when it is built, so that no decoded window
