@@ -5,7 +5,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-from faster_whisper import BatchedInferencePipeline, WhisperModel
+from faster_whisper import BatchedInferencePipeline
 
 from ct2_flash.validation.drafters import OracleDrafter
 
