@@ -453,6 +453,10 @@ class FlashWhisperModel(WhisperModel):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
         deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine)
+        if deferred is not None and deferred.startswith("int8") and near_exact and decoder_threads == "auto":
+            # The constructor times a one-thread decoder against the model (thread_split): on
+            # a quiet CPU, not beside the worker's start.
+            deferred = None
         stock, stopping = None, None
         if deferred is not None:
             # Nothing here loads the model then: the worker starts first, and loads its copy

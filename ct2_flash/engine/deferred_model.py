@@ -156,11 +156,12 @@ def deferring_loads(module, build: Callable[..., Any]) -> Iterator[None]:
         if entry[0] == 0:
             module.ctranslate2 = _ModelsSwitch(entry[1])
         entry[0] += 1
+    outer = getattr(_ModelsNamespace.building, "build", None)  # this thread's, if it is inside already
     _ModelsNamespace.building.build = build
     try:
         yield
     finally:
-        _ModelsNamespace.building.build = None
+        _ModelsNamespace.building.build = outer
         with _switching:
             entry[0] -= 1
             if entry[0] == 0:
