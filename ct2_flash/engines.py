@@ -22,6 +22,7 @@ from typing import Optional
 import ctranslate2
 import numpy as np
 
+from ct2_flash.engine.deferred_model import load_before_timing
 from ct2_flash.routing import EngineRouter, produced_tokens
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
@@ -83,10 +84,8 @@ class Engines:
         greedy = remote and _greedy(options)
         with self._choosing:
             patched = not remote or (greedy and self.policy.patched(len(prompts)))
-        if patched and not getattr(self.model, "model_is_loaded", True):
-            # A model deferred until first used (``engine.deferred_model``): its load is not
-            # the decoder's cost, which the policy is measuring.
-            self.model.load_model()
+        if patched:
+            load_before_timing(self.model)  # the policy measures the decoder, not a deferred load
         failures = self.stock_failures
         results = None
         with Stopwatch() as watch:  # from the first try: a failed worker call is part of the cost

@@ -21,6 +21,7 @@ import ctranslate2
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from ct2_flash.engine.deferred_model import load_before_timing
 from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.runtime.logit_rules import SpecialTokens
 
@@ -245,8 +246,7 @@ class TargetRuntime:
         """What the loop's first pass would otherwise pay for inside it, done now (nothing
         once done): load a model deferred until its first use (``engine.deferred_model``),
         and with ``recovery`` solve the state recovery."""
-        if not getattr(self.model, "model_is_loaded", True):
-            self.model.load_model()
+        load_before_timing(self.model)
         if recovery:
             self.prepare_recovery()
 
