@@ -42,8 +42,12 @@ def table(path: str) -> str:
             f"| {rate(summary['first_position_acceptance'])} | {number(summary['tokens_per_target_call'])} | {wer_text} |")
         for section in setting.get("batched", []):
             identity = section["token_identity"]
+            versus_stock = section.get("speedup_vs_stock")
+            stock_cell = (f"{versus_stock['decode']['speedup']:.2f}x / {versus_stock['whole']['speedup']:.2f}x "
+                          f"(identical {section['stock_token_identity']['identical']}/"
+                          f"{section['stock_token_identity']['of']})" if versus_stock else "")
             lines.append(f"| ↳ batched, batch {section['batch_size']} | | | {_interval(section['speedup']['decode'])} "
-                         f"| {_interval(section['speedup']['whole'])} | | {identity['identical']}/{identity['of']} | | | | |")
+                         f"| {_interval(section['speedup']['whole'])} | {stock_cell} | {identity['identical']}/{identity['of']} | | | | |")
     return "\n".join(lines)
 
 

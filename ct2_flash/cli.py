@@ -189,7 +189,11 @@ def _bench(args: argparse.Namespace) -> int:
             speed, identity = section["speedup"]["whole"], section["token_identity"]
             print(f"  BatchedInferencePipeline batch {section['batch_size']}: whole {speed['speedup']:.2f}x "
                   f"[{speed['low']:.2f}, {speed['high']:.2f}], identical {identity['identical']}/{identity['of']}, "
-                  f"rows speculative / generate() {section['speculative_rows']} / {section['generate_rows']}")
+                  f"rows speculative / generate() {section['speculative_rows']} / {section['generate_rows']}"
+                  + (f"; vs stock: whole {section['speedup_vs_stock']['whole']['speedup']:.2f}x "
+                     f"[{section['speedup_vs_stock']['whole']['low']:.2f}, {section['speedup_vs_stock']['whole']['high']:.2f}], "
+                     f"identical {section['stock_token_identity']['identical']}/{section['stock_token_identity']['of']}"
+                     if section.get("speedup_vs_stock") else ""))
         if summary["speedup_vs_stock"]:
             stock = summary["speedup_vs_stock"]
             same = summary["stock_token_identity"]

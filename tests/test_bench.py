@@ -11,6 +11,7 @@ import pytest
 from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate
 from ct2_flash.benchmark.manifest import Utterance, from_directory, read_manifest, write_manifest
 from ct2_flash.benchmark.speech_sets import _unpack_mfa, _unpack_pocketsphinx
+from ct2_flash.stock.location import STOCK_CTRANSLATE2
 
 from .conftest import DATA
 
@@ -157,6 +158,28 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
+def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
+    """``--stock`` adds faster-whisper on stock ctranslate2 (its own process) as a third system,
+    one by one and through ``BatchedInferencePipeline``; the default model gives its tokens."""
+    from ct2_flash.cli import main
+
+    manifest = tmp_path / "two.tsv"
+    write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip00_kal16.ogg"), ""),
+                                   Utterance(os.path.join(DATA, "clip05_kal16.ogg"), "")])
+    out = tmp_path / "out"
+    assert main(["bench", "--manifest", str(manifest), "--repeats", "1", "--compute-types", "int8", "--stock",
+                 "--batch-sizes", "2", "--out", str(out)]) == 0
+    (setting,) = json.loads((out / "bench.json").read_text())["settings"]
+    assert setting["stock_ctranslate2"] == STOCK_CTRANSLATE2
+    assert setting["summary"]["stock_token_identity"] == {"identical": 2, "of": 2}
+    assert set(setting["summary"]["speedup_vs_stock"]) == {"decode", "whole"}
+    (batched,) = setting["batched"]
+    assert batched["stock_token_identity"] == {"identical": 2, "of": 2}
+    assert set(batched["audio_seconds_per_second"]) == {"baseline", "flash", "stock"}
+    assert all(row["stock"]["whole"] > 0 for row in batched["utterances"])
+
+
 def test_bench_runs_sampling_settings_through_the_loop(tmp_path):
     """``--temperatures``: one setting per temperature; the sampled one decodes in the loop
     and is judged by WER with an interval, not by token identity."""
@@ -253,17 +276,22 @@ def test_stock_worker_protocol(model_path, clips):
     interpreter (the protocol and timing are the same; only the runtime differs)."""
     import sys
 
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from ct2_flash.benchmark.stock import StockWorker
 
     audio = clips["clip00_kal16.ogg"]
-    expected, _ = WhisperModel(model_path, compute_type="int8", cpu_threads=2).transcribe(audio, beam_size=1)
+    model = WhisperModel(model_path, compute_type="int8", cpu_threads=2)
+    expected, _ = model.transcribe(audio, beam_size=1)
+    batched, _ = BatchedInferencePipeline(model).transcribe(audio, beam_size=1, batch_size=2)
     with StockWorker(sys.executable, model_path, "int8", 2) as worker:
         got = worker.measure("clip00", audio, seed=0, beam_size=1)
         again = worker.measure("clip00", audio, seed=0, beam_size=1)
+        in_batches = worker.measure("clip00", audio, seed=0, batched=True, beam_size=1, batch_size=2)
     assert got.tokens == again.tokens == [list(s.tokens) for s in expected]
     assert 0 < got.decode_seconds < got.whole_seconds
+    # The pipeline's own segmentation (VAD chunks, no timestamps): another token list, the same as in-process.
+    assert in_batches.tokens == [list(s.tokens) for s in batched] != got.tokens
 
 
 def test_demo_compares_with_faster_whisper_on_both_engines(capsys):

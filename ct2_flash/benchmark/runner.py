@@ -198,45 +198,69 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
                 compute_type: str, threads: int, progress: bool = True) -> List[dict]:
     """faster-whisper's ``BatchedInferencePipeline`` around each system, per batch size.
 
-    ct2-flash decodes the rows of a batch one after another (the patched decoder keeps one
-    sequence per state), faster-whisper decodes them together; this shows what that costs.
+    ct2-flash decodes the speculative rows of a batch one after another (the patched decoder
+    keeps one sequence per state), faster-whisper decodes them together; this shows what that
+    costs. With ``config.stock_python`` the pipeline around faster-whisper on stock ctranslate2
+    (in its own process) is a third system, as in ``run_setting``.
     """
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     path = resolve_model(config.model)
     baseline = BatchedInferencePipeline(WhisperModel(path, compute_type=compute_type, cpu_threads=threads))
     flash = BatchedInferencePipeline(_flash_model(config, path, compute_type, threads))
+    stock = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path) if config.stock_python else None
     sections = []
-    for batch_size in config.batch_sizes:
-        options = dict(beam_size=1, batch_size=batch_size)
-        first = audio[utterances[0].path]
-        measure(baseline, first, **options)
-        measure(flash, first, **options)
-        systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
-                   for name, pipeline in (("baseline", baseline), ("flash", flash))}
-        flash.model.reset_spec_stats()
-        runs = _interleave(systems, utterances, audio, config.repeats, f"batch {batch_size}", progress)
-        stats = flash.model.spec_stats  # over every timed repeat: which way the rows went
-        rows = []
-        for index, utterance in enumerate(utterances):
-            base, got = runs[index]["baseline"], runs[index]["flash"]
-            rows.append({
-                "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
-                "identical": all(b.tokens == f.tokens for b, f in zip(base, got)),
-                "baseline": {"decode": _median(base, "decode_seconds"), "whole": _median(base, "whole_seconds")},
-                "flash": {"decode": _median(got, "decode_seconds"), "whole": _median(got, "whole_seconds")},
-            })
-        audio_seconds = sum(r["seconds"] for r in rows)
-        sections.append({
-            "batch_size": batch_size,
-            "speedup": _speedups(rows),
-            "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
-            "audio_seconds_per_second": {name: audio_seconds / sum(r[name]["whole"] for r in rows)
-                                         for name in ("baseline", "flash")},
-            "speculative_rows": stats.generate_calls, "generate_rows": stats.generate_rows,
-            "utterances": rows,
-        })
+    try:
+        for batch_size in config.batch_sizes:
+            options = dict(beam_size=1, batch_size=batch_size)
+            systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
+                       for name, pipeline in (("baseline", baseline), ("flash", flash))}
+            if stock is not None:
+                systems["stock"] = lambda key, samples, seed: stock.measure(key, samples, seed, batched=True, **options)
+            first = utterances[0]
+            for run_system in systems.values():  # warm-up: first calls allocate and load kernels
+                run_system(first.path, audio[first.path], 0)
+            flash.model.reset_spec_stats()
+            runs = _interleave(systems, utterances, audio, config.repeats, f"batch {batch_size}", progress)
+            sections.append(_batched_section(batch_size, utterances, audio, runs, flash.model.spec_stats))
+    finally:
+        if stock is not None:
+            stock.close()
+        flash.model.model.engines.close()  # its stock worker, if it has one
     return sections
+
+
+def _batched_section(batch_size: int, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
+                     runs: List[Dict[str, list]], stats) -> dict:
+    """One batch size's report: per utterance the median times of each system, identity
+    against faster-whisper on the same engine (and on stock), and the speed-ups over all."""
+    names = [name for name in ("baseline", "flash", "stock") if name in runs[0]]
+    rows = []
+    for index, utterance in enumerate(utterances):
+        got = runs[index]["flash"]
+        rows.append({
+            "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
+            "identical": all(b.tokens == f.tokens for b, f in zip(runs[index]["baseline"], got)),
+            **({"stock_identical": all(s.tokens == f.tokens for s, f in zip(runs[index]["stock"], got))}
+               if "stock" in names else {}),
+            **{name: {"decode": _median(runs[index][name], "decode_seconds"),
+                      "whole": _median(runs[index][name], "whole_seconds"),
+                      "encode": _median(runs[index][name], "encode_seconds")} for name in names},
+        })
+    audio_seconds = sum(r["seconds"] for r in rows)
+    with_stock = "stock" in names
+    return {
+        "batch_size": batch_size,
+        "speedup": _speedups(rows),
+        "speedup_vs_stock": _speedups(rows, "stock") if with_stock else None,
+        "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
+        "stock_token_identity": {"identical": sum(r["stock_identical"] for r in rows), "of": len(rows)}
+        if with_stock else None,
+        "audio_seconds_per_second": {name: audio_seconds / sum(r[name]["whole"] for r in rows) for name in names},
+        # over every timed repeat: which way the rows went
+        "speculative_rows": stats.generate_calls, "generate_rows": stats.generate_rows,
+        "utterances": rows,
+    }
 
 
 def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],

@@ -95,12 +95,13 @@ class StockWorker:
             raise RuntimeError(f"the stock worker exited (code {self._process.poll()})")
         return json.loads(line)
 
-    def measure(self, key: str, audio: np.ndarray, seed: int, **options) -> Measurement:
-        """Transcribe ``audio`` there (sent once per ``key`` as a .npy file) and time it there."""
+    def measure(self, key: str, audio: np.ndarray, seed: int, batched: bool = False, **options) -> Measurement:
+        """Transcribe ``audio`` there (sent once per ``key`` as a .npy file) and time it there;
+        ``batched``: through faster-whisper's ``BatchedInferencePipeline`` (``batch_size`` in ``options``)."""
         if key not in self._files:
             self._files[key] = os.path.join(self._scratch.name, f"{len(self._files)}.npy")
             np.save(self._files[key], audio)
-        answer = self._ask({"audio": self._files[key], "options": options, "seed": seed})
+        answer = self._ask({"audio": self._files[key], "options": options, "seed": seed, "batched": batched})
         return Measurement(text=answer["text"], tokens=answer["tokens"], segments=[], whole_seconds=answer["whole"],
                            encode_seconds=answer["encode"], decode_seconds=answer["decode"],
                            temperatures=answer.get("temperatures", []))

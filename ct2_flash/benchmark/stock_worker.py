@@ -9,6 +9,9 @@ each with one JSON line on stdout:
     {"audio": "clip.npy", "options": {"beam_size": 1}, "seed": 0}  -> {"whole": s, "encode": s, "decode": s,
                                                                        "tokens": [[...]], "text": "..."}
 
+A request with ``"batched": true`` runs faster-whisper's ``BatchedInferencePipeline`` around the
+same model (``options`` carry its ``batch_size``).
+
 Timing is ``ct2_flash/benchmark/measure.py`` itself, loaded by file path so both environments measure
 the same way.
 """
@@ -22,21 +25,23 @@ import sys
 def main() -> None:
     import ctranslate2
     import numpy as np
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     spec = importlib.util.spec_from_file_location("measure", os.path.join(os.path.dirname(__file__), "measure.py"))
     measure_module = importlib.util.module_from_spec(spec)
     sys.modules["measure"] = measure_module  # dataclasses look their module up there
     spec.loader.exec_module(measure_module)
-    model = None
+    model = pipeline = None
     for line in sys.stdin:
         request = json.loads(line)
         if "model" in request:
             model = WhisperModel(request["model"], compute_type=request["compute_type"], cpu_threads=request["threads"])
+            pipeline = BatchedInferencePipeline(model)
             answer = {"ready": True, "ctranslate2": ctranslate2.__version__}
         else:
             ctranslate2.set_random_seed(request.get("seed", 0))
-            result = measure_module.measure(model, np.load(request["audio"]), **request["options"])
+            system = pipeline if request.get("batched") else model
+            result = measure_module.measure(system, np.load(request["audio"]), **request["options"])
             answer = {"whole": result.whole_seconds, "encode": result.encode_seconds, "decode": result.decode_seconds,
                       "tokens": result.tokens, "text": result.text, "temperatures": result.temperatures}
         sys.stdout.write(json.dumps(answer) + "\n")
