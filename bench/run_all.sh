@@ -121,6 +121,9 @@ $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir "$LONG_REAL" --compute-
 # Batch 8 and 2 again, 5 repeats: how far a second run moves these ratios.
 $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir "$LONG_REAL" --compute-types int8 --batch-sizes 8 2 --repeats 5 \
   --out $OUT/long_batched_repeat
+# The default model (the stock worker on) against faster-whisper on stock, one by one and batched.
+$PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 float32 --batch-sizes 4 8 16 --repeats 3 --stock \
+  --out $OUT/batched_vs_stock
 # The draft round on full 30 s windows (where the position window matters).
 $PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
   --out $OUT/draft_round/int8_long.json
