@@ -215,11 +215,14 @@ class SpeculativeWhisper:
             if reason not in self._fallback_reasons_logged:
                 self._fallback_reasons_logged.add(reason)
                 # A user who only swapped the class (faster-whisper's transcribe() defaults to
-                # beam_size=5) or asked for int8 gets no speculation at all: say so, and how.
+                # beam_size=5) or runs on a GPU gets no speculation at all: warn, and say how.
+                # int8 on the CPU is the usual faster-whisper setting, exact and faster as it is
+                # (the worker's encoder), and float32 would be slower there: INFO, with the options.
                 hint = self.beam_search_hint if reason == _BEAM_SEARCH else None
                 if reason == self.inexact_reason:
                     hint = _INEXACT_HINT if self._device == "cpu" else _DEVICE_HINT
-                (logger.info if hint is None else logger.warning)(
+                warn = hint is not None and not (reason == self.inexact_reason and self._device == "cpu")
+                (logger.warning if warn else logger.info)(
                     "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
             with self._counting:
                 self.stats.fallback_calls += 1

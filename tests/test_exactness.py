@@ -214,7 +214,8 @@ def _words(model, audio) -> list:
 
 def test_int8_near_exact_runs_the_loop(model_path, clips, caplog):
     """The opt-in runs the loop at int8 (its identity rate is measured by
-    ``test_int8_windows_are_identical_where_documented``); the default warns once."""
+    ``test_int8_windows_are_identical_where_documented``); the default says so once, at INFO
+    (exact and faster as it is: nothing for the user to fix)."""
     import logging
 
     opted = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False, near_exact=True)
@@ -222,9 +223,10 @@ def test_int8_near_exact_runs_the_loop(model_path, clips, caplog):
     assert opted.spec_stats.proposed > 0 and opted.spec_stats.fallback_calls == 0
     assert opted.model.inexact_reason is None
     default = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False)
-    with caplog.at_level(logging.WARNING, logger="ct2_flash"):
+    with caplog.at_level(logging.INFO, logger="ct2_flash"):
         for _ in range(2):
             segments_of(default, clips["clip04_slt.ogg"], beam_size=1)
-    warnings = [r.getMessage() for r in caplog.records if "near_exact=True" in r.getMessage()]
-    assert len(warnings) == 1 and "compute_type='float32'" in warnings[0]
+    notes = [r for r in caplog.records if "near_exact=True" in r.getMessage()]
+    assert len(notes) == 1 and "compute_type='float32'" in notes[0].getMessage()
+    assert notes[0].levelno == logging.INFO
     assert default.spec_stats.proposed == 0
