@@ -75,7 +75,7 @@ $PY bench/startup.py --out $OUT/startup/startup.json
 # Transcribing from a path: what reading the file costs each system.
 $PY bench/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
-$PY bench/thread_throughput.py --out $OUT/thread_throughput.json
+$PY bench/thread_throughput.py --repeats 3 --stock --out $OUT/thread_throughput/default_vs_stock.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
 # Where a verified block's bookkeeping goes, in the loop and replayed warm.

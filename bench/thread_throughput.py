@@ -1,6 +1,8 @@
 """Throughput when threads share one model (faster-whisper's ``num_workers``): audio seconds
 transcribed per wall second by 1-4 threads, faster-whisper against ct2-flash on the same
-engine and settings, the same clips split among the threads.
+engine and settings (``stock_engine=False``), the same clips split among the threads. With
+``--stock``, also the default ``FlashWhisperModel`` (its stock worker serves one request at a
+time) against faster-whisper on stock ctranslate2, whose threads run in its own process.
 
 Speculation spends spare compute; once the threads fill the cores there is none, and the loop
 steps aside (a call that finds it busy goes to ``generate()``). Writes JSON.
@@ -49,6 +51,8 @@ def main() -> None:
     parser.add_argument("--speech-set", default="mfa")
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--stock", action="store_true",
+                        help="also the default model (stock worker on) against faster-whisper on stock ctranslate2")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -58,6 +62,8 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
+    from ct2_flash.benchmark.stock import StockWorker, local_baseline
+    from ct2_flash.stock.location import STOCK_CTRANSLATE2
 
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
     audio = load_audio(utterances)
@@ -67,22 +73,41 @@ def main() -> None:
     results = []
     for workers in args.threads:
         options = dict(compute_type=args.compute_type, cpu_threads=args.cpu_threads, num_workers=workers)
-        systems = {"faster-whisper": WhisperModel(path, **options), "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options, redecodes=False)}
-        for model in systems.values():  # warm-up, on as many clips as threads
-            run(model, clips[:workers], workers)
-        walls = interleaved({name: (lambda model=model: run(model, clips, workers)) for name, model in systems.items()},
-                            args.repeats, warmup=0)
-        stats = systems["ct2-flash"].spec_stats
+        models = {"faster-whisper": WhisperModel(path, **options),
+                  "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options, redecodes=False)}
+        stock = None
+        if args.stock:
+            models["ct2-flash, default"] = FlashWhisperModel(path, **options, redecodes=False)
+            python, directory = local_baseline()
+            stock = StockWorker(python, path, args.compute_type, args.cpu_threads, directory, num_workers=workers)
+        systems = {name: (lambda part=None, model=model: run(model, part or clips, workers)) for name, model in models.items()}
+        if stock is not None:
+            systems["faster-whisper, stock"] = lambda part=None: stock.shared(
+                {str(index): audio for index, audio in enumerate(part or clips)}, workers, beam_size=1, temperature=0.0)
+        try:
+            for system in systems.values():  # warm-up, on as many clips as threads
+                system(clips[:workers])
+            walls = interleaved(systems, args.repeats, warmup=0)
+        finally:
+            if stock is not None:
+                stock.close()
+        stats = models["ct2-flash"].spec_stats
         row = {"threads": workers,
                **{f"{name} audio s per s": seconds / min(times) for name, times in walls.items()},
                "ratio": min(walls["faster-whisper"]) / min(walls["ct2-flash"]),
+               **({"ratio, default vs stock": min(walls["faster-whisper, stock"]) / min(walls["ct2-flash, default"])}
+                  if stock is not None else {}),
                "speculative rows": stats.generate_calls, "generate() rows": stats.generate_rows,
                "busy calls": stats.busy_calls}
+        for model in models.values():
+            if isinstance(model, FlashWhisperModel):
+                model.model.engines.close()  # its stock worker, if it has one
         results.append(row)
         print(row)
     document = {"what": "throughput of threads sharing one model, faster-whisper vs ct2-flash (best of repeats)",
                 "compute_type": args.compute_type, "cpu_threads": args.cpu_threads, "audio_seconds": seconds,
                 "utterances": len(clips), "machine": machine(),
+                "stock_ctranslate2": STOCK_CTRANSLATE2 if args.stock else None,
                 "results": results}
     write_result(args.out, document)
 

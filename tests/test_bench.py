@@ -284,10 +284,12 @@ def test_stock_worker_protocol(model_path, clips):
     model = WhisperModel(model_path, compute_type="int8", cpu_threads=2)
     expected, _ = model.transcribe(audio, beam_size=1)
     batched, _ = BatchedInferencePipeline(model).transcribe(audio, beam_size=1, batch_size=2)
-    with StockWorker(sys.executable, model_path, "int8", 2) as worker:
+    with StockWorker(sys.executable, model_path, "int8", 2, num_workers=2) as worker:
         got = worker.measure("clip00", audio, seed=0, beam_size=1)
         again = worker.measure("clip00", audio, seed=0, beam_size=1)
         in_batches = worker.measure("clip00", audio, seed=0, batched=True, beam_size=1, batch_size=2)
+        two_threads = worker.shared({"clip00": audio, "clip01": clips["clip01_slt.ogg"]}, 2, beam_size=1)
+    assert 0 < two_threads < 60
     assert got.tokens == again.tokens == [list(s.tokens) for s in expected]
     assert 0 < got.decode_seconds < got.whole_seconds
     # The pipeline's own segmentation (VAD chunks, no timestamps): another token list, the same as in-process.

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import venv
-from typing import Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -74,15 +74,18 @@ class StockWorker:
         python: the stock environment's interpreter.
         model_path, compute_type, threads: as for ``WhisperModel``.
         path: a directory put first on the worker's ``sys.path`` (``local_baseline``), or "".
+        num_workers: as for ``WhisperModel``: threads that may share the model (``shared``).
     """
 
-    def __init__(self, python: str, model_path: str, compute_type: str, threads: int, path: str = "") -> None:
+    def __init__(self, python: str, model_path: str, compute_type: str, threads: int, path: str = "",
+                 num_workers: int = 1) -> None:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_worker.py")
         self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                          env=environment_with(path))
         self._scratch = tempfile.TemporaryDirectory(prefix="ct2_flash_stock_")
         self._files: dict = {}
-        self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads})["ctranslate2"]
+        self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads,
+                                  "num_workers": num_workers})["ctranslate2"]
         if path and self.version != STOCK_CTRANSLATE2:
             self.close()
             raise RuntimeError(f"the worker found ctranslate2 {self.version}, not the stock {STOCK_CTRANSLATE2} in {path}")
@@ -98,13 +101,23 @@ class StockWorker:
     def measure(self, key: str, audio: np.ndarray, seed: int, batched: bool = False, **options) -> Measurement:
         """Transcribe ``audio`` there (sent once per ``key`` as a .npy file) and time it there;
         ``batched``: through faster-whisper's ``BatchedInferencePipeline`` (``batch_size`` in ``options``)."""
-        if key not in self._files:
-            self._files[key] = os.path.join(self._scratch.name, f"{len(self._files)}.npy")
-            np.save(self._files[key], audio)
-        answer = self._ask({"audio": self._files[key], "options": options, "seed": seed, "batched": batched})
+        answer = self._ask({"audio": self._file(key, audio), "options": options, "seed": seed, "batched": batched})
         return Measurement(text=answer["text"], tokens=answer["tokens"], segments=[], whole_seconds=answer["whole"],
                            encode_seconds=answer["encode"], decode_seconds=answer["decode"],
                            temperatures=answer.get("temperatures", []))
+
+    def shared(self, clips: Dict[str, np.ndarray], workers: int, **options) -> float:
+        """Wall seconds (timed there) for ``workers`` threads sharing the model to transcribe
+        ``clips`` (key -> audio, split among them in turns); ``num_workers`` should be ``workers``."""
+        return self._ask({"audios": [self._file(key, audio) for key, audio in clips.items()], "workers": workers,
+                          "options": options})["seconds"]
+
+    def _file(self, key: str, audio: np.ndarray) -> str:
+        """The .npy file holding ``audio`` there, written at its key's first use."""
+        if key not in self._files:
+            self._files[key] = os.path.join(self._scratch.name, f"{len(self._files)}.npy")
+            np.save(self._files[key], audio)
+        return self._files[key]
 
     def close(self) -> None:
         if self._process.poll() is None:

@@ -10,7 +10,13 @@ each with one JSON line on stdout:
                                                                        "tokens": [[...]], "text": "..."}
 
 A request with ``"batched": true`` runs faster-whisper's ``BatchedInferencePipeline`` around the
-same model (``options`` carry its ``batch_size``).
+same model (``options`` carry its ``batch_size``). The load request may carry ``"num_workers"``
+(faster-whisper's, default 1); then
+
+    {"audios": ["a.npy", ...], "workers": 2, "options": {...}}     -> {"seconds": s}
+
+has that many threads share the model, the files split among them in turns, and answers the
+wall time until the last is transcribed.
 
 Timing is ``ct2_flash/benchmark/measure.py`` itself, loaded by file path so both environments measure
 the same way.
@@ -20,6 +26,31 @@ import importlib.util
 import json
 import os
 import sys
+
+
+def shared(model, clips: list, workers: int, options: dict) -> float:
+    """Wall seconds for ``workers`` threads sharing ``model`` to transcribe ``clips`` (split in turns)."""
+    import threading
+    import time
+
+    errors = []
+
+    def work(part):
+        try:
+            for audio in part:
+                list(model.transcribe(audio, **options)[0])
+        except Exception as error:  # noqa: BLE001 - raised after the join
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(clips[index::workers],)) for index in range(workers)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -35,9 +66,13 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "model" in request:
-            model = WhisperModel(request["model"], compute_type=request["compute_type"], cpu_threads=request["threads"])
+            model = WhisperModel(request["model"], compute_type=request["compute_type"], cpu_threads=request["threads"],
+                                 num_workers=request.get("num_workers", 1))
             pipeline = BatchedInferencePipeline(model)
             answer = {"ready": True, "ctranslate2": ctranslate2.__version__}
+        elif "audios" in request:
+            answer = {"seconds": shared(model, [np.load(path) for path in request["audios"]], request["workers"],
+                                        request["options"])}
         else:
             ctranslate2.set_random_seed(request.get("seed", 0))
             system = pipeline if request.get("batched") else model
