@@ -159,7 +159,8 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         config = BenchConfig(model=args.model, drafter=args.drafter, drafter_options=drafter_options,
                              compute_types=tuple(args.compute_types), threads=tuple(args.threads), num_draft_tokens=args.k,
-                             repeats=args.repeats, without_timestamps=args.no_timestamps, stock_python=stock_python,
+                             repeats=args.repeats, without_timestamps=args.no_timestamps,
+                             word_timestamps=args.word_timestamps, stock_python=stock_python,
                              stock_path=stock_path,
                              batch_sizes=tuple(args.batch_sizes), decoder_threads=parse_decoder_threads(args.decoder_threads),
                              guard_margin=args.guard_margin, temperatures=tuple(args.temperatures), best_of=args.best_of,
@@ -477,6 +478,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.add_argument("--k", type=int, default=8, help="draft tokens per verification")
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--no-timestamps", action="store_true")
+    bench.add_argument("--word-timestamps", action="store_true",
+                       help="transcribe(word_timestamps=True): word alignment after each window")
     bench.add_argument("--stock", action="store_true",
                        help="also time faster-whisper on stock ctranslate2 (in a worker process: this environment's "
                             "faster-whisper with the stock engine's ctranslate2, or --stock-env's)")

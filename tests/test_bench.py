@@ -161,7 +161,8 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
 @pytest.mark.slow
 def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
     """``--stock`` adds faster-whisper on stock ctranslate2 (its own process) as a third system,
-    one by one and through ``BatchedInferencePipeline``; the default model gives its tokens."""
+    one by one and through ``BatchedInferencePipeline``; the default model gives its tokens and
+    word timings."""
     from ct2_flash.cli import main
 
     manifest = tmp_path / "two.tsv"
@@ -169,9 +170,11 @@ def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
                                    Utterance(os.path.join(DATA, "clip05_kal16.ogg"), "")])
     out = tmp_path / "out"
     assert main(["bench", "--manifest", str(manifest), "--repeats", "1", "--compute-types", "int8", "--stock",
-                 "--batch-sizes", "2", "--out", str(out)]) == 0
+                 "--batch-sizes", "2", "--word-timestamps", "--out", str(out)]) == 0
     (setting,) = json.loads((out / "bench.json").read_text())["settings"]
     assert setting["stock_ctranslate2"] == STOCK_CTRANSLATE2
+    # Identity covers the word timings too (align() runs in ct2-flash's worker).
+    assert [row["words"] > 0 for row in setting["utterances"]] == [True, True]
     assert setting["summary"]["stock_token_identity"] == {"identical": 2, "of": 2}
     assert set(setting["summary"]["speedup_vs_stock"]) == {"decode", "whole"}
     (batched,) = setting["batched"]

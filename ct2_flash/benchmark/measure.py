@@ -32,6 +32,7 @@ class Measurement:
         temperatures: per segment, the temperature its text was decoded at (above 0: the
             greedy text failed faster-whisper's thresholds and was sampled, so another system
             need not say the same).
+        words: (start, end, word) per word with ``word_timestamps=True``, else empty.
     """
 
     text: str
@@ -41,6 +42,7 @@ class Measurement:
     encode_seconds: float
     decode_seconds: float
     temperatures: List[float] = field(default_factory=list)
+    words: List[tuple] = field(default_factory=list)
 
 
 class _Timed:
@@ -93,4 +95,5 @@ def measure(model, audio: np.ndarray, **transcribe_options: Any) -> Measurement:
         encode_seconds=timed.encode_seconds,
         decode_seconds=timed.generate_seconds,
         temperatures=[float(getattr(segment, "temperature", 0.0) or 0.0) for segment in segments],
+        words=[(word.start, word.end, word.word) for segment in segments for word in (segment.words or ())],
     )

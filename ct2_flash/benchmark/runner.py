@@ -49,6 +49,7 @@ class BenchConfig:
         num_draft_tokens: K.
         repeats: timed passes over all utterances.
         without_timestamps: transcribe without timestamp tokens.
+        word_timestamps: faster-whisper's word timestamps (its ``align()`` after each window).
         stock_python: the interpreter that times faster-whisper on stock ctranslate2 (as users
             install it today) in a worker process: a stock environment's
             (``stock.ensure_environment``) or this one's with ``stock_path``
@@ -81,6 +82,7 @@ class BenchConfig:
     num_draft_tokens: int = 8
     repeats: int = 3
     without_timestamps: bool = False
+    word_timestamps: bool = False
     stock_python: str = ""
     stock_path: str = ""
     batch_sizes: Tuple[int, ...] = ()
@@ -147,7 +149,8 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flash = _flash_model(config, path, compute_type, threads)
     stock = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path) if config.stock_python else None
-    options = dict(beam_size=1, without_timestamps=config.without_timestamps, temperature=temperature,
+    options = dict(beam_size=1, without_timestamps=config.without_timestamps, word_timestamps=config.word_timestamps,
+                   temperature=temperature,
                    best_of=config.best_of)
 
     def run_flash(key, samples, seed):
@@ -212,7 +215,7 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     sections = []
     try:
         for batch_size in config.batch_sizes:
-            options = dict(beam_size=1, batch_size=batch_size)
+            options = dict(beam_size=1, batch_size=batch_size, word_timestamps=config.word_timestamps)
             systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
                        for name, pipeline in (("baseline", baseline), ("flash", flash))}
             if stock is not None:
@@ -240,8 +243,8 @@ def _batched_section(batch_size: int, utterances: Sequence[Utterance], audio: Di
         got = runs[index]["flash"]
         rows.append({
             "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
-            "identical": all(b.tokens == f.tokens for b, f in zip(runs[index]["baseline"], got)),
-            **({"stock_identical": all(s.tokens == f.tokens for s, f in zip(runs[index]["stock"], got))}
+            "identical": all(map(_same, runs[index]["baseline"], got)),
+            **({"stock_identical": all(map(_same, runs[index]["stock"], got))}
                if "stock" in names else {}),
             **{name: {"decode": _median(runs[index][name], "decode_seconds"),
                       "whole": _median(runs[index][name], "whole_seconds"),
@@ -293,6 +296,11 @@ def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], a
     return runs
 
 
+def _same(one: Measurement, other: Measurement) -> bool:
+    """The same output: tokens, and word timings where words were asked for."""
+    return one.tokens == other.tokens and one.words == other.words
+
+
 def _median(runs: Sequence[Measurement], field: str) -> float:
     return statistics.median(getattr(run, field) for run in runs)
 
@@ -316,7 +324,8 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "baseline_text": base[0].text,
         "flash_text": flash[0].text,
         "tokens": sum(len(t) for t in base[0].tokens),
-        "identical": all(b.tokens == f.tokens for b, f in zip(base, flash)),
+        "words": len(base[0].words),  # timed words (word_timestamps), compared with the tokens
+        "identical": all(map(_same, base, flash)),
         "baseline": {"decode": _median(base, "decode_seconds"), "whole": _median(base, "whole_seconds"),
                      "encode": _median(base, "encode_seconds")},
         "flash": {"decode": _median(flash, "decode_seconds"), "whole": _median(flash, "whole_seconds"),
@@ -325,7 +334,7 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
                   "generate": generate_seconds},
         **({"stock": {"decode": _median(runs["stock"], "decode_seconds"), "whole": _median(runs["stock"], "whole_seconds"),
                       "encode": _median(runs["stock"], "encode_seconds")},
-            "stock_identical": all(s.tokens == f.tokens for s, f in zip(runs["stock"], flash))} if runs.get("stock") else {}),
+            "stock_identical": all(map(_same, runs["stock"], flash))} if runs.get("stock") else {}),
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
         "draft_rounds": counts.draft_rounds,

@@ -104,7 +104,8 @@ class StockWorker:
         answer = self._ask({"audio": self._file(key, audio), "options": options, "seed": seed, "batched": batched})
         return Measurement(text=answer["text"], tokens=answer["tokens"], segments=[], whole_seconds=answer["whole"],
                            encode_seconds=answer["encode"], decode_seconds=answer["decode"],
-                           temperatures=answer.get("temperatures", []))
+                           temperatures=answer.get("temperatures", []),
+                           words=[tuple(word) for word in answer.get("words", [])])
 
     def shared(self, clips: Dict[str, np.ndarray], workers: int, **options) -> float:
         """Wall seconds (timed there) for ``workers`` threads sharing the model to transcribe

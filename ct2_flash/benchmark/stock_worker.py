@@ -7,7 +7,8 @@ each with one JSON line on stdout:
 
     {"model": DIR, "compute_type": "int8", "threads": 2}          -> {"ready": true, "ctranslate2": "4.8.5"}
     {"audio": "clip.npy", "options": {"beam_size": 1}, "seed": 0}  -> {"whole": s, "encode": s, "decode": s,
-                                                                       "tokens": [[...]], "text": "..."}
+                                                                       "tokens": [[...]], "text": "...",
+                                                                       "words": [[start, end, word], ...]}
 
 A request with ``"batched": true`` runs faster-whisper's ``BatchedInferencePipeline`` around the
 same model (``options`` carry its ``batch_size``). The load request may carry ``"num_workers"``
@@ -78,7 +79,8 @@ def main() -> None:
             system = pipeline if request.get("batched") else model
             result = measure_module.measure(system, np.load(request["audio"]), **request["options"])
             answer = {"whole": result.whole_seconds, "encode": result.encode_seconds, "decode": result.decode_seconds,
-                      "tokens": result.tokens, "text": result.text, "temperatures": result.temperatures}
+                      "tokens": result.tokens, "text": result.text, "temperatures": result.temperatures,
+                      "words": result.words}
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 
