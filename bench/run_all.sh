@@ -26,6 +26,9 @@ for set in mfa pocketsphinx; do
 done
 $PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 --repeats 3 --stock \
   --out $OUT/default_vs_stock/test_clips
+# Word timestamps: align() in the worker, word times compared with stock's.
+$PY -m ct2_flash.cli bench --speech-set mfa --compute-types int8 float32 --repeats 2 --stock --word-timestamps \
+  --out $OUT/word_timestamps/mfa
 # Greedy generate() on either engine from the worker's encoder output: the same tokens?
 $PY bench/fork_generate.py --out $OUT/stock_engine/fork_generate.json
 # Real speech against faster-whisper on the same engine and on stock ctranslate2, all in this

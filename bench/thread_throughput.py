@@ -7,40 +7,17 @@ time) against faster-whisper on stock ctranslate2, whose threads run in its own 
 Speculation spends spare compute; once the threads fill the cores there is none, and the loop
 steps aside (a call that finds it busy goes to ``generate()``). Writes JSON.
 
-    python bench/thread_throughput.py --threads 1 2 3 4 --out bench/results/thread_throughput.json
+    python bench/thread_throughput.py --threads 1 2 3 4 --stock --out bench/results/thread_throughput/default_vs_stock.json
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
 
-from _common import interleaved, machine, timed, write_result
+from _common import interleaved, machine, write_result
 
-
-def run(model, clips, workers: int) -> float:
-    """Wall seconds for ``workers`` threads to transcribe ``clips`` (split round-robin)."""
-    errors = []
-
-    def work(part):
-        try:
-            for audio in part:
-                segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0)
-                list(segments)
-        except Exception as error:  # noqa: BLE001 - reported after the join
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(clips[i::workers],)) for i in range(workers)]
-    def start_and_join() -> None:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
-    seconds, _ = timed(start_and_join)
-    if errors:
-        raise errors[0]
-    return seconds
+# Greedy, no fallback: every system decodes the same calls.
+OPTIONS = dict(beam_size=1, temperature=0.0)
 
 
 def main() -> None:
@@ -63,6 +40,7 @@ def main() -> None:
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.benchmark.stock import StockWorker, local_baseline
+    from ct2_flash.benchmark.stock_worker import shared
     from ct2_flash.stock.location import STOCK_CTRANSLATE2
 
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
@@ -80,10 +58,12 @@ def main() -> None:
             models["ct2-flash, default"] = FlashWhisperModel(path, **options, redecodes=False)
             python, directory = local_baseline()
             stock = StockWorker(python, path, args.compute_type, args.cpu_threads, directory, num_workers=workers)
-        systems = {name: (lambda part=None, model=model: run(model, part or clips, workers)) for name, model in models.items()}
+        # Threads share each model exactly as in the stock baseline's process: one function for both.
+        systems = {name: (lambda part=None, model=model: shared(model, part or clips, workers, OPTIONS))
+                   for name, model in models.items()}
         if stock is not None:
             systems["faster-whisper, stock"] = lambda part=None: stock.shared(
-                {str(index): audio for index, audio in enumerate(part or clips)}, workers, beam_size=1, temperature=0.0)
+                {str(index): audio for index, audio in enumerate(part or clips)}, workers, **OPTIONS)
         try:
             for system in systems.values():  # warm-up, on as many clips as threads
                 system(clips[:workers])

@@ -30,7 +30,9 @@ import sys
 
 
 def shared(model, clips: list, workers: int, options: dict) -> float:
-    """Wall seconds for ``workers`` threads sharing ``model`` to transcribe ``clips`` (split in turns)."""
+    """Wall seconds for ``workers`` threads sharing ``model`` to transcribe ``clips`` (split in
+    turns). Also how ``bench/thread_throughput.py`` times the in-process systems, so both sides
+    are timed alike."""
     import threading
     import time
 
