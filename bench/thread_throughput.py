@@ -72,11 +72,19 @@ def main() -> None:
             if stock is not None:
                 stock.close()
         stats = models["ct2-flash"].spec_stats
+        # Each call returned (seconds, tokens per clip); greedy without fallback, so every repeat
+        # of a system must give its reference's tokens (the same engine's, or stock's).
+        times = {name: [wall for wall, _ in calls] for name, calls in walls.items()}
+        references = {"ct2-flash": "faster-whisper", "ct2-flash, default": "faster-whisper, stock"}
+        identical = {name: sum(all(got[index] == walls[reference][0][1][index] for _, got in walls[name])
+                               for index in range(len(clips)))
+                     for name, reference in references.items() if name in walls}
         row = {"threads": workers,
-               **{f"{name} audio s per s": seconds / min(times) for name, times in walls.items()},
-               "ratio": min(walls["faster-whisper"]) / min(walls["ct2-flash"]),
-               **({"ratio, default vs stock": min(walls["faster-whisper, stock"]) / min(walls["ct2-flash, default"])}
+               **{f"{name} audio s per s": seconds / min(wall) for name, wall in times.items()},
+               "ratio": min(times["faster-whisper"]) / min(times["ct2-flash"]),
+               **({"ratio, default vs stock": min(times["faster-whisper, stock"]) / min(times["ct2-flash, default"])}
                   if stock is not None else {}),
+               **{f"{name}: clips identical to {references[name]}": count for name, count in identical.items()},
                "speculative rows": stats.generate_calls, "generate() rows": stats.generate_rows,
                "busy calls": stats.busy_calls}
         for model in models.values():

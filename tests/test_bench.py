@@ -291,8 +291,10 @@ def test_stock_worker_protocol(model_path, clips):
         got = worker.measure("clip00", audio, seed=0, beam_size=1)
         again = worker.measure("clip00", audio, seed=0, beam_size=1)
         in_batches = worker.measure("clip00", audio, seed=0, batched=True, beam_size=1, batch_size=2)
-        two_threads = worker.shared({"clip00": audio, "clip01": clips["clip01_slt.ogg"]}, 2, beam_size=1)
-    assert 0 < two_threads < 60
+        seconds, two_threads = worker.shared({"clip00": audio, "clip01": clips["clip01_slt.ogg"]}, 2, beam_size=1)
+    assert 0 < seconds < 60
+    alone, _ = model.transcribe(clips["clip01_slt.ogg"], beam_size=1)
+    assert two_threads == [got.tokens, [list(s.tokens) for s in alone]]  # in the order given
     assert got.tokens == again.tokens == [list(s.tokens) for s in expected]
     assert 0 < got.decode_seconds < got.whole_seconds
     # The pipeline's own segmentation (VAD chunks, no timestamps): another token list, the same as in-process.

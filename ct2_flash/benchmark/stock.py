@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import venv
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -107,11 +107,13 @@ class StockWorker:
                            temperatures=answer.get("temperatures", []),
                            words=[tuple(word) for word in answer.get("words", [])])
 
-    def shared(self, clips: Dict[str, np.ndarray], workers: int, **options) -> float:
-        """Wall seconds (timed there) for ``workers`` threads sharing the model to transcribe
-        ``clips`` (key -> audio, split among them in turns); ``num_workers`` should be ``workers``."""
-        return self._ask({"audios": [self._file(key, audio) for key, audio in clips.items()], "workers": workers,
-                          "options": options})["seconds"]
+    def shared(self, clips: Dict[str, np.ndarray], workers: int, **options) -> Tuple[float, List[list]]:
+        """``workers`` threads sharing the model there transcribe ``clips`` (key -> audio, split
+        among them in turns): (wall seconds timed there, per clip in order its segments' tokens).
+        ``num_workers`` should be ``workers``."""
+        answer = self._ask({"audios": [self._file(key, audio) for key, audio in clips.items()], "workers": workers,
+                            "options": options})
+        return answer["seconds"], answer["tokens"]
 
     def _file(self, key: str, audio: np.ndarray) -> str:
         """The .npy file holding ``audio`` there, written at its key's first use."""

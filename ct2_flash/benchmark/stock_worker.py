@@ -14,10 +14,10 @@ A request with ``"batched": true`` runs faster-whisper's ``BatchedInferencePipel
 same model (``options`` carry its ``batch_size``). The load request may carry ``"num_workers"``
 (faster-whisper's, default 1); then
 
-    {"audios": ["a.npy", ...], "workers": 2, "options": {...}}     -> {"seconds": s}
+    {"audios": ["a.npy", ...], "workers": 2, "options": {...}}     -> {"seconds": s, "tokens": [[[...]], ...]}
 
 has that many threads share the model, the files split among them in turns, and answers the
-wall time until the last is transcribed.
+wall time until the last is transcribed and each file's segment tokens.
 
 Timing is ``ct2_flash/benchmark/measure.py`` itself, loaded by file path so both environments measure
 the same way.
@@ -29,31 +29,33 @@ import os
 import sys
 
 
-def shared(model, clips: list, workers: int, options: dict) -> float:
-    """Wall seconds for ``workers`` threads sharing ``model`` to transcribe ``clips`` (split in
-    turns). Also how ``bench/thread_throughput.py`` times the in-process systems, so both sides
-    are timed alike."""
+def shared(model, clips: list, workers: int, options: dict) -> tuple:
+    """``workers`` threads sharing ``model`` transcribe ``clips`` (split in turns): (wall seconds,
+    per clip in order its segments' tokens). Also how ``bench/thread_throughput.py`` runs the
+    in-process systems, so both sides are timed and compared alike."""
     import threading
     import time
 
+    tokens: list = [None] * len(clips)
     errors = []
 
-    def work(part):
+    def work(indices):
         try:
-            for audio in part:
-                list(model.transcribe(audio, **options)[0])
+            for index in indices:
+                tokens[index] = [list(segment.tokens) for segment in model.transcribe(clips[index], **options)[0]]
         except Exception as error:  # noqa: BLE001 - raised after the join
             errors.append(error)
 
-    threads = [threading.Thread(target=work, args=(clips[index::workers],)) for index in range(workers)]
+    threads = [threading.Thread(target=work, args=(range(first, len(clips), workers),)) for first in range(workers)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    seconds = time.perf_counter() - started
     if errors:
         raise errors[0]
-    return time.perf_counter() - started
+    return seconds, tokens
 
 
 def main() -> None:
@@ -74,8 +76,9 @@ def main() -> None:
             pipeline = BatchedInferencePipeline(model)
             answer = {"ready": True, "ctranslate2": ctranslate2.__version__}
         elif "audios" in request:
-            answer = {"seconds": shared(model, [np.load(path) for path in request["audios"]], request["workers"],
-                                        request["options"])}
+            seconds, tokens = shared(model, [np.load(path) for path in request["audios"]], request["workers"],
+                                     request["options"])
+            answer = {"seconds": seconds, "tokens": tokens}
         else:
             ctranslate2.set_random_seed(request.get("seed", 0))
             system = pipeline if request.get("batched") else model
