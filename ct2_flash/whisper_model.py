@@ -218,12 +218,15 @@ class SpeculativeWhisper:
                 # beam_size=5) or runs on a GPU gets no speculation at all: warn, and say how.
                 # int8 on the CPU is the usual faster-whisper setting, exact and faster as it is
                 # (the worker's encoder), and float32 would be slower there: INFO, with the options.
-                hint = self.beam_search_hint if reason == _BEAM_SEARCH else None
-                if reason == self.inexact_reason:
-                    hint = _INEXACT_HINT if self._device == "cpu" else _DEVICE_HINT
-                warn = hint is not None and not (reason == self.inexact_reason and self._device == "cpu")
-                (logger.warning if warn else logger.info)(
-                    "ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint or "")
+                if reason == _BEAM_SEARCH:
+                    log, hint = logger.warning, self.beam_search_hint
+                elif reason == self.inexact_reason and self._device != "cpu":
+                    log, hint = logger.warning, _DEVICE_HINT
+                elif reason == self.inexact_reason:
+                    log, hint = logger.info, _INEXACT_HINT
+                else:
+                    log, hint = logger.info, ""
+                log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint)
             with self._counting:
                 self.stats.fallback_calls += 1
             return self.engines.generate(self._encoded(features), prompts, **kwargs)

@@ -246,9 +246,7 @@ def _batched_section(batch_size: int, utterances: Sequence[Utterance], audio: Di
             "identical": all(map(_same, runs[index]["baseline"], got)),
             **({"stock_identical": all(map(_same, runs[index]["stock"], got))}
                if "stock" in names else {}),
-            **{name: {"decode": _median(runs[index][name], "decode_seconds"),
-                      "whole": _median(runs[index][name], "whole_seconds"),
-                      "encode": _median(runs[index][name], "encode_seconds")} for name in names},
+            **{name: _medians(runs[index][name]) for name in names},
         })
     audio_seconds = sum(r["seconds"] for r in rows)
     with_stock = "stock" in names
@@ -301,8 +299,10 @@ def _same(one: Measurement, other: Measurement) -> bool:
     return one.tokens == other.tokens and one.words == other.words
 
 
-def _median(runs: Sequence[Measurement], field: str) -> float:
-    return statistics.median(getattr(run, field) for run in runs)
+def _medians(runs: Sequence[Measurement]) -> Dict[str, float]:
+    """A system's median decode, whole-path and encoder seconds over its repeats."""
+    return {part: statistics.median(getattr(run, f"{part}_seconds") for run in runs)
+            for part in ("decode", "whole", "encode")}
 
 
 def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, list]) -> dict:
@@ -326,14 +326,10 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "tokens": sum(len(t) for t in base[0].tokens),
         "words": len(base[0].words),  # timed words (word_timestamps), compared with the tokens
         "identical": all(map(_same, base, flash)),
-        "baseline": {"decode": _median(base, "decode_seconds"), "whole": _median(base, "whole_seconds"),
-                     "encode": _median(base, "encode_seconds")},
-        "flash": {"decode": _median(flash, "decode_seconds"), "whole": _median(flash, "whole_seconds"),
-                  "encode": _median(flash, "encode_seconds"),
-                  "drafter": drafter_seconds, "verify": verify_seconds, "loop": loop_seconds,
+        "baseline": _medians(base),
+        "flash": {**_medians(flash), "drafter": drafter_seconds, "verify": verify_seconds, "loop": loop_seconds,
                   "generate": generate_seconds},
-        **({"stock": {"decode": _median(runs["stock"], "decode_seconds"), "whole": _median(runs["stock"], "whole_seconds"),
-                      "encode": _median(runs["stock"], "encode_seconds")},
+        **({"stock": _medians(runs["stock"]),
             "stock_identical": all(map(_same, runs["stock"], flash))} if runs.get("stock") else {}),
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
