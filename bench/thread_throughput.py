@@ -1,8 +1,9 @@
 """Throughput when threads share one model (faster-whisper's ``num_workers``): audio seconds
 transcribed per wall second by 1-4 threads, faster-whisper against ct2-flash on the same
 engine and settings (``stock_engine=False``), the same clips split among the threads. With
-``--stock``, also the default ``FlashWhisperModel`` (its stock worker serves one request at a
-time) against faster-whisper on stock ctranslate2, whose threads run in its own process.
+``--stock``, also the default ``FlashWhisperModel`` (its stock worker serves ``num_workers``
+requests at once) against faster-whisper on stock ctranslate2, whose threads run in its own
+process.
 
 Speculation spends spare compute; once the threads fill the cores there is none, and the loop
 steps aside (a call that finds it busy goes to ``generate()``). Writes JSON.

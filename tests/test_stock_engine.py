@@ -7,6 +7,7 @@ import os
 import platform
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -283,6 +284,76 @@ def test_four_threads_share_one_worker(model_path, float32_pair, clips):
     assert got == [float32_pair.reference(name, clips[name], beam_size=1) for name in names]
     assert flash.model.engines.stock_failures == 0
     flash.model.engines.close()
+
+
+def _in_parallel(count: int, function) -> list:
+    """``function(index)`` on ``count`` threads released together; results (or exceptions) in order."""
+    barrier = threading.Barrier(count)
+    results = [None] * count
+
+    def run(index):
+        barrier.wait()
+        try:
+            results[index] = function(index)
+        except Exception as error:  # handed back to the test
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_the_worker_serves_inter_threads_requests_at_once(model_path, float32_pair, clips):
+    """Two threads' requests run in the worker at the same time (one per replica of the model),
+    each answered with its own result: served one at a time, the worker's own seconds for the
+    two could never add up to more than the wall time that held them both."""
+    names = ["clip12_awb.ogg", "clip04_slt.ogg"]
+    features = [float32_pair.flash.window_features(clips[name])[None] for name in names]
+    engine = StockEngine(model_path, "float32", intra_threads=1, inter_threads=2)
+    try:
+        alone = [engine.generate(engine.encode(f), [[50257]], {"beam_size": 5})[0].sequences_ids for f in features]
+        assert alone[0] != alone[1]
+        overlapped = 0
+        for _ in range(3):
+            seconds = engine.timings["generate"][2]
+            started = time.perf_counter()
+            got = _in_parallel(2, lambda index: engine.generate(engine.encode(features[index]), [[50257]],
+                                                                 {"beam_size": 5})[0].sequences_ids)
+            wall = time.perf_counter() - started
+            assert got == alone  # each thread its own answer
+            overlapped += engine.timings["generate"][2] - seconds > wall
+        assert overlapped >= 1
+        assert engine.restarts == 0 and len(engine._free) == 2  # a block per request in flight, reused
+    finally:
+        engine.close()
+
+
+def test_a_worker_dying_under_two_requests_fails_both_and_starts_once(model_path, float32_pair, clips):
+    features = float32_pair.flash.window_features(clips["clip12_awb.ogg"])[None]
+    engine = StockEngine(model_path, "float32", intra_threads=1, inter_threads=2)
+    try:
+        remote = engine.encode(features)
+        first = engine._process.pid
+        os.kill(first, signal.SIGSTOP)  # both requests are sent before it dies
+        results = []
+        asking = threading.Thread(target=lambda: results.extend(
+            _in_parallel(2, lambda index: engine.generate(remote, [[50257]], {"beam_size": 1}))))
+        asking.start()
+        deadline = time.monotonic() + 30
+        while len(engine._channel._calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine._channel._calls) == 2
+        os.kill(first, signal.SIGKILL)
+        asking.join()
+        assert [type(r) for r in results] == [client.StockUnavailable] * 2, results
+        assert not _alive(first) and not engine.holds(remote)
+        again = engine.generate(engine.encode(features), [[50257]], {"beam_size": 1})  # a new worker, started once
+        assert again[0].sequences_ids and engine.restarts == 1 and engine._process.pid != first
+    finally:
+        engine.close()
 
 
 @pytest.mark.slow

@@ -2,10 +2,12 @@
 when it cannot answer.
 
 One worker per engine, started by ``start()`` (without waiting for it to load) or else on the
-first request, holding its own copy of the model. One
-request at a time (a lock): the worker's model runs each call on ``intra_threads`` threads, as
-the in-process model would. Every request has a deadline; a worker that misses it, dies or
-answers garbage is killed and ``StockUnavailable`` raised, so the caller can take the patched
+first request, holding its own copy of the model. Threads sharing the model (faster-whisper's
+``num_workers``) have their requests served at once, up to ``inter_threads`` of them, each call
+on ``intra_threads`` threads, as the in-process model would: each request has its id and its
+own shared-memory block, and a reader thread hands each answer to the thread that asked. Every
+request has a deadline; a worker that misses it, dies or answers garbage is killed and
+``StockUnavailable`` raised to every thread waiting on it, so the caller can take the patched
 runtime instead (the features stay on this side for that). A worker that died is started again
 on the next request, up to ``MAX_RESTARTS`` times; one that cannot start is not tried again.
 """
@@ -14,14 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-import selectors
 import subprocess
 import sys
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -79,13 +81,83 @@ class RemoteEncoding:
         weakref.finalize(self, engine.release, handle, generation)
 
 
+class _Channel:
+    """One worker process's pipes: each request goes with an id, and a reader thread hands each
+    answer to the request with its id. Once the pipe ends or carries garbage, every request
+    waiting and every later one ends with the reason (``EOFError``)."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self._lock = threading.Lock()  # the ids, the calls waiting and writes to the pipe
+        self._calls: Dict[int, list] = {}  # id -> [event, answer or None, why none came or None]
+        self._next_id = 0
+        self.closed: Optional[str] = None
+        threading.Thread(target=self._read, name="ct2-flash stock worker", daemon=True).start()
+
+    def send(self, request: dict) -> list:
+        """Write ``request`` (its id added); what ``wait`` takes. ``TypeError``/``ValueError``
+        for what JSON cannot carry (nothing sent), ``OSError``/``EOFError`` for a dead pipe."""
+        with self._lock:
+            if self.closed is not None:
+                raise EOFError(self.closed)
+            message = protocol.encode({**request, "id": self._next_id + 1})
+            self._next_id += 1
+            call = self._calls[self._next_id] = [threading.Event(), None, None]
+            try:
+                self.process.stdin.write(message)
+                self.process.stdin.flush()
+            except OSError:
+                del self._calls[self._next_id]
+                raise
+        return call
+
+    @staticmethod
+    def wait(call: list, timeout: float) -> dict:
+        """The answer to a sent request; ``TimeoutError`` past ``timeout`` s, ``EOFError`` if none will come."""
+        if not call[0].wait(timeout):
+            raise TimeoutError(f"no answer within {timeout:.0f} s")
+        if call[2] is not None:
+            raise EOFError(call[2])
+        return call[1]
+
+    def _read(self) -> None:
+        stream = self.process.stdout
+        try:
+            for line in stream:
+                answer = protocol.decode(line)
+                with self._lock:
+                    call = self._calls.pop(answer.get("id"), None)
+                if call is None:
+                    raise ValueError(f"an answer to no request: {line[:80]!r}")
+                call[1] = answer
+                call[0].set()
+            try:
+                code = self.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            reason = f"the worker exited (code {code})"
+        except (OSError, ValueError, AttributeError) as error:  # garbage, or the pipe closed under us
+            reason = f"{type(error).__name__}: {error}"
+        with self._lock:
+            self.closed = reason
+            calls, self._calls = list(self._calls.values()), {}
+        for call in calls:
+            call[2] = reason
+            call[0].set()
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
 class StockEngine:
     """A Whisper model on stock ``ctranslate2`` in a worker process.
 
     Args:
         model_path: the CTranslate2 model directory.
         compute_type: as resolved by the patched runtime's model (e.g. ``int8_float32``).
-        intra_threads, inter_threads: the worker model's threads.
+        intra_threads, inter_threads: the worker model's threads: ``inter_threads`` requests
+            run at once, each on ``intra_threads`` threads.
         seed: seeds the worker's sampling (``ctranslate2.set_random_seed``), or None.
         directory: where stock ``ctranslate2`` is installed (default ``location.stock_dir()``).
         keep_freed_memory: have the worker's C library keep what the engine frees, for its
@@ -108,11 +180,14 @@ class StockEngine:
         # Whether the worker's C library keeps freed memory for reuse (worker.keep_freed_memory).
         self.keeps_freed_memory: Optional[bool] = None
         self._process: Optional[subprocess.Popen] = None
+        self._channel: Optional[_Channel] = None
+        self._loading: Optional[list] = None  # the load request, until its answer is read
+        # The worker's state (start, stop, restarts), the free blocks and the counters below.
+        # Held while sending, never while waiting for an answer, except the load's.
         self._lock = threading.Lock()
         self._blocks = protocol.Blocks(owner=True)
-        self._input = self._output = None
+        self._free: List = []  # shared-memory blocks no request holds
         self._released: List[int] = []
-        self._pending = b""
         self._died = False
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
         # worker spent on them]; the difference is pipes, shared memory and JSON.
@@ -123,44 +198,38 @@ class StockEngine:
     def encode(self, features: np.ndarray) -> RemoteEncoding:
         """Encode [batch, n_mels, frames] float32 features; the output stays in the worker."""
         features = np.ascontiguousarray(features, dtype=np.float32)
-        with self._lock:
-            block = self._block("_input", features.nbytes)
+        with self._block(features.nbytes) as block:
             self._blocks.array(block.name, features.shape)[...] = features
-            answer = self._ask({"op": "encode", "block": block.name, "shape": list(features.shape)})
-            return RemoteEncoding(self, answer["handle"], self.generation, answer["shape"], features)
+            answer, generation = self._ask({"op": "encode", "block": block.name, "shape": list(features.shape)})
+        return RemoteEncoding(self, answer["handle"], generation, answer["shape"], features)
 
     def fetch(self, encoding: RemoteEncoding) -> np.ndarray:
         """[batch, frames, d_model] float32: a copy of the encoder output, for the loop."""
-        with self._lock:
-            size = int(np.prod(encoding.shape)) * 4
-            block = self._block("_output", size)
-            answer = self._ask(self._about(encoding, {"op": "fetch", "block": block.name}))
+        with self._block(int(np.prod(encoding.shape)) * 4) as block:
+            answer, _ = self._ask({"op": "fetch", "block": block.name}, encoding)
             return np.array(self._blocks.array(block.name, answer["shape"]))
 
     def generate(self, encoding: RemoteEncoding, prompts, options: dict) -> List[GenerationResult]:
         """``Whisper.generate`` there, one result per row."""
-        with self._lock:
-            prompts = [[t if isinstance(t, str) else int(t) for t in prompt] for prompt in prompts]
-            answer = self._ask(self._about(encoding, {"op": "generate", "prompts": prompts, "options": options}))
-            return [GenerationResult(**result) for result in answer["results"]]
+        prompts = [[t if isinstance(t, str) else int(t) for t in prompt] for prompt in prompts]
+        answer, _ = self._ask({"op": "generate", "prompts": prompts, "options": options}, encoding)
+        return [GenerationResult(**result) for result in answer["results"]]
 
     def detect_language(self, encoding: RemoteEncoding) -> list:
         """``Whisper.detect_language`` there: per row, (token, probability) pairs, best first."""
-        with self._lock:
-            languages = self._ask(self._about(encoding, {"op": "detect_language"}))["languages"]
-            return [[(token, probability) for token, probability in row] for row in languages]
+        languages = self._ask({"op": "detect_language"}, encoding)[0]["languages"]
+        return [[(token, probability) for token, probability in row] for row in languages]
 
     def align(self, encoding: RemoteEncoding, start_sequence, text_tokens, num_frames,
               median_filter_width: int = 7) -> List[AlignmentResult]:
         """``Whisper.align`` there."""
-        with self._lock:
-            frames = [int(n) for n in num_frames] if isinstance(num_frames, (list, tuple)) else int(num_frames)
-            answer = self._ask(self._about(encoding, {
-                "op": "align", "start_sequence": [int(t) for t in start_sequence],
-                "text_tokens": [[int(t) for t in row] for row in text_tokens], "num_frames": frames,
-                "median_filter_width": int(median_filter_width)}))
-            return [AlignmentResult([tuple(pair) for pair in r["alignments"]], r["text_token_probs"])
-                    for r in answer["alignments"]]
+        frames = [int(n) for n in num_frames] if isinstance(num_frames, (list, tuple)) else int(num_frames)
+        answer, _ = self._ask({
+            "op": "align", "start_sequence": [int(t) for t in start_sequence],
+            "text_tokens": [[int(t) for t in row] for row in text_tokens], "num_frames": frames,
+            "median_filter_width": int(median_filter_width)}, encoding)
+        return [AlignmentResult([tuple(pair) for pair in r["alignments"]], r["text_token_probs"])
+                for r in answer["alignments"]]
 
     def release(self, handle: int, generation: int) -> None:
         """An encoding is gone on this side: the worker may drop it (told with the next request)."""
@@ -168,11 +237,12 @@ class StockEngine:
             self._released.append(handle)  # list.append is atomic: no lock (finalizers run anywhere)
 
     def close(self) -> None:
-        """Stop the worker (it exits when its stdin closes) and free the shared memory."""
+        """Stop the worker (it exits when its stdin closes, once it has answered what it was
+        asked) and free the shared memory."""
         with self._lock:
             self._stop(kill=False)
             self._blocks.close()
-            self._input = self._output = None
+            self._free = []
 
     @property
     def running(self) -> bool:
@@ -184,52 +254,64 @@ class StockEngine:
 
     # -- the worker ---------------------------------------------------------------------------
 
-    def _about(self, encoding: RemoteEncoding, request: dict) -> dict:
-        # Checked before asking: asking would start a new worker that cannot hold it.
-        if not self.holds(encoding):
-            raise StockUnavailable("the worker that held this encoding has stopped")
-        return {**request, "handle": encoding.handle}
-
-    def _block(self, which: str, size: int):
-        """The shared-memory block ``which`` ("_input" or "_output"), grown to ``size`` bytes."""
-        block = getattr(self, which)
-        if block is not None and block.size >= size:
-            return block
-        setattr(self, which, None)
-        if block is not None:
-            self._blocks.drop(block.name)
+    @contextmanager
+    def _block(self, size: int) -> Iterator:
+        """A shared-memory block of at least ``size`` bytes, this request's alone while it runs.
+        Blocks are reused: there are as many as requests ever ran at once (a free one too small
+        is replaced)."""
+        with self._lock:
+            block = next((b for b in self._free if b.size >= size), None)
+            if block is not None:
+                self._free.remove(block)
+            else:
+                if self._free:
+                    self._blocks.drop(self._free.pop().name)
+                try:
+                    block = self._blocks.create(size)
+                except OSError as error:  # /dev/shm full or missing: this call stays here, the worker is fine
+                    raise StockUnavailable(f"shared memory of {size} bytes could not be allocated ({error})") from None
         try:
-            block = self._blocks.create(size)
-        except OSError as error:  # /dev/shm full or missing: this call stays here, the worker is fine
-            raise StockUnavailable(f"shared memory of {size} bytes could not be allocated ({error})") from None
-        setattr(self, which, block)
-        return block
+            yield block
+        finally:
+            with self._lock:
+                if block.name in self._blocks:  # not freed by close()
+                    self._free.append(block)
 
-    def _ask(self, request: dict) -> dict:
-        """Send one request, wait for its answer (the lock is held)."""
-        self._ensure_started()
-        released, self._released = self._released, []
-        try:
-            message = protocol.encode({**request, "release": released})
-        except (TypeError, ValueError) as error:  # an option JSON cannot carry: this call stays here
-            self._released.extend(released)
-            raise StockUnavailable(f"the request cannot be sent to the stock engine ({error})") from None
+    def _ask(self, request: dict, encoding: Optional[RemoteEncoding] = None) -> Tuple[dict, int]:
+        """Send one request (about ``encoding``, if given) and wait for its answer; with it, the
+        generation of the worker that answered."""
+        with self._lock:
+            if encoding is not None:
+                # Checked before asking: asking would start a new worker that cannot hold it.
+                if not self.holds(encoding):
+                    raise StockUnavailable("the worker that held this encoding has stopped")
+                request = {**request, "handle": encoding.handle}
+            self._ensure_started()
+            channel, generation = self._channel, self.generation
+            released, self._released = self._released, []
+            try:
+                call = channel.send({**request, "release": released})
+            except (TypeError, ValueError) as error:  # an option JSON cannot carry: this call stays here
+                self._released.extend(released)
+                raise StockUnavailable(f"the request cannot be sent to the stock engine ({error})") from None
+            except (OSError, EOFError) as error:
+                self._failed(channel, error)
         started = time.perf_counter()
         try:
-            self._process.stdin.write(message)
-            self._process.stdin.flush()
-            answer = protocol.decode(self._read_line(REQUEST_TIMEOUT))
-        except (OSError, EOFError, ValueError, TimeoutError) as error:
-            self._failed(f"the stock engine's worker stopped answering ({type(error).__name__}: {error})")
-        timing = self.timings.setdefault(request["op"], [0, 0.0, 0.0])
-        timing[0] += 1
-        timing[1] += time.perf_counter() - started
-        timing[2] += answer.get("seconds", 0.0)
+            answer = channel.wait(call, REQUEST_TIMEOUT)
+        except (EOFError, TimeoutError) as error:
+            with self._lock:
+                self._failed(channel, error)
+        with self._lock:
+            timing = self.timings.setdefault(request["op"], [0, 0.0, 0.0])
+            timing[0] += 1
+            timing[1] += time.perf_counter() - started
+            timing[2] += answer.get("seconds", 0.0)
         if "error" in answer:
             if answer["error"] == "unknown handle":
                 raise StockUnavailable("the worker no longer holds this encoding")
             raise RuntimeError(f"stock ctranslate2: {answer['error']}")  # the engine's own error, as in-process
-        return answer
+        return answer, generation
 
     def start(self) -> None:
         """Start the worker loading its model now, without waiting for it: it loads while the
@@ -243,11 +325,12 @@ class StockEngine:
                     self._stop(kill=True)  # the first request tries again and reports it
 
     def _ensure_started(self) -> None:
+        """A worker that has loaded its model (the lock is held)."""
         if self.disabled is not None:
             raise StockUnavailable(self.disabled)
         if self.running and self.version is not None:
             return
-        loading = self._process is not None and self.version is None and not self._died  # started, not heard from
+        loading = self._loading is not None and not self._died  # started, not heard from
         if not loading:
             if self._process is not None or self._died:  # it died since it last answered
                 self._stop(kill=True)
@@ -261,10 +344,11 @@ class StockEngine:
         try:
             if not loading:
                 self._spawn()
-            answer = protocol.decode(self._read_line(START_TIMEOUT))
-        except (OSError, EOFError, ValueError, TimeoutError) as error:
+            answer = self._channel.wait(self._loading, START_TIMEOUT)
+        except (OSError, EOFError, TimeoutError) as error:
             self._stop(kill=True)
             self._disable(f"the stock engine's worker did not start ({type(error).__name__}: {error})")
+        self._loading = None
         if not answer.get("ready"):
             self._stop(kill=True)
             self._disable(f"the stock engine could not load {self._load['model']}: {answer.get('error')}")
@@ -275,39 +359,26 @@ class StockEngine:
         """A new worker process, asked to load the model (its answer is read by ``_ensure_started``)."""
         self.generation += 1
         self.version = None
-        self._pending = b""
         self._process = subprocess.Popen([sys.executable, WORKER, self.directory], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=None)
-        self._process.stdin.write(protocol.encode(self._load))
-        self._process.stdin.flush()
+        self._channel = _Channel(self._process)
+        self._loading = self._channel.send(self._load)
 
-    def _read_line(self, timeout: float) -> bytes:
-        deadline = time.monotonic() + timeout
-        stream = self._process.stdout
-        with selectors.DefaultSelector() as selector:
-            selector.register(stream, selectors.EVENT_READ)
-            while b"\n" not in self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
-                    raise TimeoutError(f"no answer within {timeout:.0f} s")
-                chunk = os.read(stream.fileno(), 1 << 16)
-                if not chunk:
-                    raise EOFError(f"the worker exited (code {self._process.poll()})") from None
-                self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        return line
-
-    def _failed(self, reason: str) -> None:
-        self._stop(kill=True)
-        self._died = True
-        raise StockUnavailable(reason)
+    def _failed(self, channel: _Channel, error: Exception) -> None:
+        """The worker behind ``channel`` did not answer: killed, unless another request has seen
+        to it already (the lock is held)."""
+        if channel is self._channel:
+            self._stop(kill=True)
+            self._died = True
+        raise StockUnavailable(f"the stock engine's worker stopped answering ({type(error).__name__}: {error})")
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
         raise StockUnavailable(reason)
 
     def _stop(self, kill: bool) -> None:
-        process, self._process = self._process, None
+        """Stop the worker (the lock is held); its reader thread closes its output at the end."""
+        process, self._process, self._channel, self._loading = self._process, None, None, None
         if process is None:
             return
         try:
@@ -319,8 +390,7 @@ class StockEngine:
         except (OSError, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
-        for stream in (process.stdin, process.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        try:
+            process.stdin.close()
+        except OSError:
+            pass

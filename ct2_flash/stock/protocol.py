@@ -59,6 +59,9 @@ class Blocks:
             self._open[name] = block
         return np.ndarray(tuple(shape), dtype=np.float32, buffer=block.buf)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._open
+
     def drop(self, name: str) -> None:
         block = self._open.pop(name, None)
         if block is not None:

@@ -3,7 +3,8 @@
 Started by ``client.StockEngine`` as ``python worker.py STOCK_DIR``; ``STOCK_DIR`` goes first on
 ``sys.path`` so that ``import ctranslate2`` finds the stock release, not the patched runtime of
 the environment. It imports nothing from ct2_flash, whose import would load the patched
-runtime. Requests, one JSON line each on stdin (answers on stdout, errors as {"error": ...}):
+runtime. Requests, one JSON line each on stdin, each with an "id" that its answer on stdout
+repeats (errors as {"error": ...}):
 
     {"op": "load", "model": DIR, "compute_type": "int8", "intra_threads": 2, "inter_threads": 1, "seed": null,
      "keep_freed_memory": true}
@@ -14,18 +15,24 @@ runtime. Requests, one JSON line each on stdin (answers on stdout, errors as {"e
     {"op": "align", "handle": H, "start_sequence": [...], "text_tokens": [...], "num_frames": N,
      "median_filter_width": 7}                                         -> {"alignments": [...]}
 
-The load answer says whether freed memory is kept, as asked (``keep_freed_memory``). Every answer carries
-"seconds", the time the request took here. Every request may carry
-"release": [H, ...], encoder outputs the client no longer holds. The
+The load answer says whether freed memory is kept, as asked (``keep_freed_memory``). After it,
+up to ``inter_threads`` requests run at once, one per replica of the model, as threads sharing
+the model in-process would (faster-whisper's ``num_workers``); answers come as they finish, so
+in another order than asked. Every answer carries "seconds", the time the request took here.
+Every request may carry "release": [H, ...], encoder outputs the client no longer holds. The
 newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
 "unknown handle"} and the client encodes again.
 """
 
 import ctypes
 import os
+import queue
 import sys
+import threading
 import time
 from collections import OrderedDict
+
+import numpy as np
 
 KEPT = 32
 # glibc's mallopt parameters.
@@ -67,53 +74,90 @@ def keep_freed_memory() -> bool:
 
 def serve(stdin, stdout) -> None:
     import ctranslate2
-    import numpy as np
     import protocol  # this folder is on sys.path: the script's own
 
-    blocks = protocol.Blocks(owner=False)
-    outputs: "OrderedDict[int, object]" = OrderedDict()
-    model, next_handle = None, 0
+    state = _State(protocol, ctranslate2, stdout)
+    waiting: "queue.Queue" = queue.Queue()
+    threads: list = []
     for line in stdin:
         request = protocol.decode(line)
-        for handle in request.get("release", ()):
-            outputs.pop(handle, None)
+        # Resolved here, in the order asked: a later request's eviction cannot void an earlier one's handle.
+        encoding = state.take(request)
+        if request["op"] == "load" or not threads:  # before the model: answered at once (with its error)
+            state.run(request, encoding)
+            if state.model is not None and not threads:
+                threads = [threading.Thread(target=_serve_requests, args=(state, waiting), daemon=True)
+                           for _ in range(max(1, int(request["inter_threads"])))]
+                for thread in threads:
+                    thread.start()
+        else:
+            waiting.put((request, encoding))
+    for thread in threads:  # every request asked is answered before the exit
+        waiting.put(None)
+    for thread in threads:
+        thread.join()
+    state.blocks.close()
+
+
+def _serve_requests(state: "_State", waiting: "queue.Queue") -> None:
+    """One of ``inter_threads`` threads: serves requests in the order asked until told to stop."""
+    for item in iter(waiting.get, None):
+        state.run(*item)
+
+
+class _State:
+    """The model, the encoder outputs it keeps and the shared-memory blocks it has mapped, for
+    requests that run on several threads at once (``lock`` guards all but the model's calls)."""
+
+    def __init__(self, protocol, ctranslate2, stdout) -> None:
+        self.protocol, self.ctranslate2, self.stdout = protocol, ctranslate2, stdout
+        self.blocks = protocol.Blocks(owner=False)
+        self.outputs: "OrderedDict[int, object]" = OrderedDict()
+        self.model, self.next_handle = None, 0
+        self.lock = threading.Lock()
+
+    def take(self, request: dict):
+        """Drop what ``request`` releases; the encoder output it names, or None."""
+        with self.lock:
+            for handle in request.get("release", ()):
+                self.outputs.pop(handle, None)
+            return self.outputs.get(request.get("handle"))
+
+    def array(self, name: str, shape):
+        with self.lock:  # the first request naming a block maps it
+            return self.blocks.array(name, shape)
+
+    def run(self, request: dict, encoding) -> None:
+        """Serve one request and write its answer."""
         op = request["op"]
         started = time.perf_counter()
         try:
             if op == "load":
-                keep = bool(request.get("keep_freed_memory")) and one_arena()
-                if request.get("seed") is not None:
-                    ctranslate2.set_random_seed(request["seed"])
-                model = ctranslate2.models.Whisper(request["model"], device="cpu", compute_type=request["compute_type"],
-                                                   intra_threads=request["intra_threads"],
-                                                   inter_threads=request["inter_threads"])
-                # After loading: what the conversion to the compute type freed has gone back.
-                kept = keep and keep_freed_memory()
-                answer = {"ready": True, "version": ctranslate2.__version__, "compute_type": model.compute_type,
-                          "keep_freed_memory": kept}
+                answer = self._load(request)
             elif op == "encode":
-                features = blocks.array(request["block"], request["shape"])
-                output = model.encode(ctranslate2.StorageView.from_array(features))
-                next_handle += 1
-                outputs[next_handle] = output
-                while len(outputs) > KEPT:
-                    outputs.popitem(last=False)
-                answer = {"handle": next_handle, "shape": list(output.shape)}
-            elif request.get("handle") not in outputs:
+                features = self.array(request["block"], request["shape"])
+                output = self.model.encode(self.ctranslate2.StorageView.from_array(features))
+                with self.lock:
+                    self.next_handle += 1
+                    self.outputs[self.next_handle] = output
+                    while len(self.outputs) > KEPT:
+                        self.outputs.popitem(last=False)
+                    answer = {"handle": self.next_handle, "shape": list(output.shape)}
+            elif encoding is None:
                 answer = {"error": "unknown handle"}
             elif op == "fetch":
-                output = np.asarray(outputs[request["handle"]])
-                blocks.array(request["block"], output.shape)[...] = output
+                output = np.asarray(encoding)
+                self.array(request["block"], output.shape)[...] = output
                 answer = {"shape": list(output.shape)}
             elif op == "generate":
-                results = model.generate(outputs[request["handle"]], request["prompts"], **request["options"])
+                results = self.model.generate(encoding, request["prompts"], **request["options"])
                 answer = {"results": [{"sequences": r.sequences, "sequences_ids": r.sequences_ids, "scores": r.scores,
                                        "no_speech_prob": r.no_speech_prob} for r in results]}
             elif op == "detect_language":
-                answer = {"languages": model.detect_language(outputs[request["handle"]])}
+                answer = {"languages": self.model.detect_language(encoding)}
             elif op == "align":
-                results = model.align(outputs[request["handle"]], request["start_sequence"], request["text_tokens"],
-                                      request["num_frames"], median_filter_width=request["median_filter_width"])
+                results = self.model.align(encoding, request["start_sequence"], request["text_tokens"],
+                                           request["num_frames"], median_filter_width=request["median_filter_width"])
                 answer = {"alignments": [{"alignments": [list(pair) for pair in r.alignments],
                                           "text_token_probs": list(r.text_token_probs)} for r in results]}
             else:
@@ -121,9 +165,24 @@ def serve(stdin, stdout) -> None:
         except Exception as error:  # the engine's errors go back to the caller, who decides
             answer = {"error": f"{type(error).__name__}: {error}"}
         answer["seconds"] = time.perf_counter() - started  # the work itself: the rest is the channel's
-        stdout.write(protocol.encode(answer))
-        stdout.flush()
-    blocks.close()
+        answer["id"] = request.get("id")
+        message = self.protocol.encode(answer)
+        with self.lock:  # one answer, one whole line
+            self.stdout.write(message)
+            self.stdout.flush()
+
+    def _load(self, request: dict) -> dict:
+        ctranslate2 = self.ctranslate2
+        keep = bool(request.get("keep_freed_memory")) and one_arena()
+        if request.get("seed") is not None:
+            ctranslate2.set_random_seed(request["seed"])
+        self.model = ctranslate2.models.Whisper(request["model"], device="cpu", compute_type=request["compute_type"],
+                                                intra_threads=request["intra_threads"],
+                                                inter_threads=request["inter_threads"])
+        # After loading: what the conversion to the compute type freed has gone back.
+        kept = keep and keep_freed_memory()
+        return {"ready": True, "version": ctranslate2.__version__, "compute_type": self.model.compute_type,
+                "keep_freed_memory": kept}
 
 
 if __name__ == "__main__":
