@@ -79,6 +79,7 @@ $PY bench/startup.py --out $OUT/startup/startup.json
 $PY bench/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --repeats 3 --stock --out $OUT/thread_throughput/default_vs_stock.json
+$PY bench/thread_throughput.py --threads 1 2 --cpu-threads 1 --repeats 3 --stock --out $OUT/thread_throughput/one_thread_each.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
 # Where a verified block's bookkeeping goes, in the loop and replayed warm.
