@@ -356,6 +356,33 @@ def test_a_worker_dying_under_two_requests_fails_both_and_starts_once(model_path
         engine.close()
 
 
+_FAKE_WORKER = """
+import json, sys
+for line in sys.stdin:
+    request = json.loads(line)
+    if request["op"] == "load":
+        sys.stdout.write(json.dumps({"id": request["id"], "ready": True, "version": "4.8.5"}) + "\\n")
+    else:
+        sys.stdout.write(%r + "\\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("answer", ["not JSON", "[1, 2]", '{"id": 99, "shape": [1]}'])
+def test_a_worker_answering_garbage_fails_the_request_and_is_killed(model_path, tmp_path, monkeypatch, answer):
+    """A worker that loads, then answers with something that is not an answer to the request."""
+    script = tmp_path / "worker.py"
+    script.write_text(_FAKE_WORKER % answer)
+    monkeypatch.setattr(client, "WORKER", str(script))
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        with pytest.raises(client.StockUnavailable, match="stopped answering"):
+            engine.encode(np.zeros((1, 80, 3000), np.float32))
+        assert engine.version == "4.8.5" and not engine.running and engine._died
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_batched_pipeline_through_the_worker(stock_flash, float32_pair, clips):
     """Batched windows: one encoding of several rows in the worker, rows copied out for the loop."""

@@ -81,6 +81,17 @@ class RemoteEncoding:
         weakref.finalize(self, engine.release, handle, generation)
 
 
+class _Call:
+    """One request sent: set ``done`` once ``answer`` came, or ``failure`` says why none will."""
+
+    __slots__ = ("done", "answer", "failure")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: Optional[dict] = None
+        self.failure: Optional[str] = None
+
+
 class _Channel:
     """One worker process's pipes: each request goes with an id, and a reader thread hands each
     answer to the request with its id. Once the pipe ends or carries garbage, every request
@@ -89,12 +100,12 @@ class _Channel:
     def __init__(self, process: subprocess.Popen) -> None:
         self.process = process
         self._lock = threading.Lock()  # the ids, the calls waiting and writes to the pipe
-        self._calls: Dict[int, list] = {}  # id -> [event, answer or None, why none came or None]
+        self._calls: Dict[int, _Call] = {}  # by id: sent, not answered
         self._next_id = 0
         self.closed: Optional[str] = None
         threading.Thread(target=self._read, name="ct2-flash stock worker", daemon=True).start()
 
-    def send(self, request: dict) -> list:
+    def send(self, request: dict) -> _Call:
         """Write ``request`` (its id added); what ``wait`` takes. ``TypeError``/``ValueError``
         for what JSON cannot carry (nothing sent), ``OSError``/``EOFError`` for a dead pipe."""
         with self._lock:
@@ -102,7 +113,7 @@ class _Channel:
                 raise EOFError(self.closed)
             message = protocol.encode({**request, "id": self._next_id + 1})
             self._next_id += 1
-            call = self._calls[self._next_id] = [threading.Event(), None, None]
+            call = self._calls[self._next_id] = _Call()
             try:
                 self.process.stdin.write(message)
                 self.process.stdin.flush()
@@ -112,13 +123,13 @@ class _Channel:
         return call
 
     @staticmethod
-    def wait(call: list, timeout: float) -> dict:
+    def wait(call: _Call, timeout: float) -> dict:
         """The answer to a sent request; ``TimeoutError`` past ``timeout`` s, ``EOFError`` if none will come."""
-        if not call[0].wait(timeout):
+        if not call.done.wait(timeout):
             raise TimeoutError(f"no answer within {timeout:.0f} s")
-        if call[2] is not None:
-            raise EOFError(call[2])
-        return call[1]
+        if call.failure is not None:
+            raise EOFError(call.failure)
+        return call.answer
 
     def _read(self) -> None:
         stream = self.process.stdout
@@ -129,21 +140,21 @@ class _Channel:
                     call = self._calls.pop(answer.get("id"), None)
                 if call is None:
                     raise ValueError(f"an answer to no request: {line[:80]!r}")
-                call[1] = answer
-                call[0].set()
+                call.answer = answer
+                call.done.set()
             try:
                 code = self.process.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 code = None
             reason = f"the worker exited (code {code})"
-        except (OSError, ValueError, AttributeError) as error:  # garbage, or the pipe closed under us
+        except (OSError, ValueError, AttributeError) as error:  # not JSON, JSON but no object, a closed pipe
             reason = f"{type(error).__name__}: {error}"
         with self._lock:
             self.closed = reason
             calls, self._calls = list(self._calls.values()), {}
         for call in calls:
-            call[2] = reason
-            call[0].set()
+            call.failure = reason
+            call.done.set()
         try:
             stream.close()
         except OSError:
@@ -181,7 +192,7 @@ class StockEngine:
         self.keeps_freed_memory: Optional[bool] = None
         self._process: Optional[subprocess.Popen] = None
         self._channel: Optional[_Channel] = None
-        self._loading: Optional[list] = None  # the load request, until its answer is read
+        self._loading: Optional[_Call] = None  # the load request, until its answer is read
         # The worker's state (start, stop, restarts), the free blocks and the counters below.
         # Held while sending, never while waiting for an answer, except the load's.
         self._lock = threading.Lock()
@@ -289,6 +300,7 @@ class StockEngine:
             self._ensure_started()
             channel, generation = self._channel, self.generation
             released, self._released = self._released, []
+            started = time.perf_counter()
             try:
                 call = channel.send({**request, "release": released})
             except (TypeError, ValueError) as error:  # an option JSON cannot carry: this call stays here
@@ -296,7 +308,6 @@ class StockEngine:
                 raise StockUnavailable(f"the request cannot be sent to the stock engine ({error})") from None
             except (OSError, EOFError) as error:
                 self._failed(channel, error)
-        started = time.perf_counter()
         try:
             answer = channel.wait(call, REQUEST_TIMEOUT)
         except (EOFError, TimeoutError) as error:
