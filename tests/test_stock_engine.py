@@ -352,8 +352,21 @@ def test_a_worker_dying_under_two_requests_fails_both_and_starts_once(model_path
         assert not _alive(first) and not engine.holds(remote)
         again = engine.generate(engine.encode(features), [[50257]], {"beam_size": 1})  # a new worker, started once
         assert again[0].sequences_ids and engine.restarts == 1 and engine._process.pid != first
+        second = engine._process.pid
+        assert _reader_ended(first) and not _reader_ended(second, within=0)  # the dead one's ended with its pipe
     finally:
         engine.close()
+    assert _reader_ended(second)
+
+
+def _reader_ended(pid: int, within: float = 5.0) -> bool:
+    """Whether the client's reader thread for worker ``pid`` has ended, or does within ``within`` s."""
+    deadline = time.monotonic() + within
+    while any(thread.name == f"ct2-flash stock worker {pid}" for thread in threading.enumerate()):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 _FAKE_WORKER = """

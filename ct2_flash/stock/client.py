@@ -103,7 +103,7 @@ class _Channel:
         self._calls: Dict[int, _Call] = {}  # by id: sent, not answered
         self._next_id = 0
         self.closed: Optional[str] = None
-        threading.Thread(target=self._read, name="ct2-flash stock worker", daemon=True).start()
+        threading.Thread(target=self._read, name=f"ct2-flash stock worker {process.pid}", daemon=True).start()
 
     def send(self, request: dict) -> _Call:
         """Write ``request`` (its id added); what ``wait`` takes. ``TypeError``/``ValueError``
