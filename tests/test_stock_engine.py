@@ -396,6 +396,46 @@ def test_a_worker_answering_garbage_fails_the_request_and_is_killed(model_path, 
         engine.close()
 
 
+def _shared_blocks_mapped(pid: int) -> set:
+    """The names of the shared-memory blocks process ``pid`` maps (Python's, unlinked or not)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        paths = (line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6)
+        return {os.path.basename(path.replace(" (deleted)", "")) for path in paths if path.startswith("/dev/shm/psm_")}
+
+
+def test_close_leaves_a_block_mapped_while_a_request_holds_it(model_path):
+    """``close`` from one thread while another request still copies out of its block: that
+    block is unmapped when the request ends, not under it (numpy's views do not pin a
+    mapping: reading one unmapped would crash the process)."""
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        engine.encode(np.zeros((1, 80, 3000), np.float32))
+        spare = engine._free[0].name
+        with engine._block(1 << 20) as held:
+            closer = threading.Thread(target=engine.close)
+            closer.start()
+            closer.join(30)
+            assert not closer.is_alive() and not engine.running
+            assert held.name in engine._blocks and held.name.lstrip("/") in _shared_blocks_mapped(os.getpid())
+            assert spare not in engine._blocks  # the free one went at once
+        assert held.name not in engine._blocks and held.name.lstrip("/") not in _shared_blocks_mapped(os.getpid())
+    finally:
+        engine.close()
+
+
+def test_the_worker_unmaps_the_blocks_the_client_drops(model_path):
+    """Each larger request replaces the free block; the worker unmaps the one replaced with the
+    next request, so a block's pages do not stay in the worker until it exits."""
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        for batch in (1, 2, 3, 1):  # three blocks made, two of them dropped
+            engine.encode(np.zeros((batch, 80, 3000), np.float32))
+        assert engine.restarts == 0 and len(engine._free) == 1
+        assert _shared_blocks_mapped(engine._process.pid) == {engine._free[0].name.lstrip("/")}
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_batched_pipeline_through_the_worker(stock_flash, float32_pair, clips):
     """Batched windows: one encoding of several rows in the worker, rows copied out for the loop."""

@@ -198,7 +198,8 @@ class StockEngine:
         self._lock = threading.Lock()
         self._blocks = protocol.Blocks(owner=True)
         self._free: List = []  # shared-memory blocks no request holds
-        self._released: List[int] = []
+        self._released: List[int] = []  # encoder outputs this side dropped: the worker may too
+        self._unmapped: List[str] = []  # blocks this side dropped: the worker unmaps them too
         self._died = False
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
         # worker spent on them]; the difference is pipes, shared memory and JSON.
@@ -249,10 +250,12 @@ class StockEngine:
 
     def close(self) -> None:
         """Stop the worker (it exits when its stdin closes, once it has answered what it was
-        asked) and free the shared memory."""
+        asked) and free the shared memory: the free blocks now, a block that a request still
+        holds when that request ends (unmapped under it, its copy would read freed pages)."""
         with self._lock:
             self._stop(kill=False)
-            self._blocks.close()
+            for block in self._free:
+                self._blocks.drop(block.name)
             self._free = []
 
     @property
@@ -276,7 +279,10 @@ class StockEngine:
                 self._free.remove(block)
             else:
                 if self._free:
-                    self._blocks.drop(self._free.pop().name)
+                    name = self._free.pop().name
+                    self._blocks.drop(name)
+                    # Unlinked, but its pages stay while the worker maps it: told with the next request.
+                    self._unmapped.append(name)
                 try:
                     block = self._blocks.create(size)
                 except OSError as error:  # /dev/shm full or missing: this call stays here, the worker is fine
@@ -285,7 +291,9 @@ class StockEngine:
             yield block
         finally:
             with self._lock:
-                if block.name in self._blocks:  # not freed by close()
+                if self._process is None:  # closed (or its worker died) meanwhile: given back now
+                    self._blocks.drop(block.name)
+                else:
                     self._free.append(block)
 
     def _ask(self, request: dict, encoding: Optional[RemoteEncoding] = None) -> Tuple[dict, int]:
@@ -300,11 +308,13 @@ class StockEngine:
             self._ensure_started()
             channel, generation = self._channel, self.generation
             released, self._released = self._released, []
+            unmapped, self._unmapped = self._unmapped, []
             started = time.perf_counter()
             try:
-                call = channel.send({**request, "release": released})
+                call = channel.send({**request, "release": released, "unmap": unmapped})
             except (TypeError, ValueError) as error:  # an option JSON cannot carry: this call stays here
                 self._released.extend(released)
+                self._unmapped.extend(unmapped)
                 raise StockUnavailable(f"the request cannot be sent to the stock engine ({error})") from None
             except (OSError, EOFError) as error:
                 self._failed(channel, error)

@@ -63,6 +63,8 @@ class Blocks:
         return name in self._open
 
     def drop(self, name: str) -> None:
+        """Unmap block ``name`` (and unlink it on the owner's side). Only once nothing reads it:
+        a numpy view does not keep the mapping alive, and one read after the unmap crashes."""
         block = self._open.pop(name, None)
         if block is not None:
             block.close()

@@ -19,7 +19,9 @@ The load answer says whether freed memory is kept, as asked (``keep_freed_memory
 up to ``inter_threads`` requests run at once, one per replica of the model, as threads sharing
 the model in-process would (faster-whisper's ``num_workers``); answers come as they finish, so
 in another order than asked. Every answer carries "seconds", the time the request took here.
-Every request may carry "release": [H, ...], encoder outputs the client no longer holds. The
+Every request may carry "release": [H, ...], encoder outputs the client no longer holds, and
+"unmap": [NAME, ...], shared-memory blocks it has dropped (unlinked, their pages stay until
+every process unmaps them; a block is dropped only once every request naming it is answered). The
 newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
 "unknown handle"} and the client encodes again.
 """
@@ -117,10 +119,12 @@ class _State:
         self.lock = threading.Lock()
 
     def take(self, request: dict):
-        """Drop what ``request`` releases; the encoder output it names, or None."""
+        """Drop what ``request`` releases and unmaps; the encoder output it names, or None."""
         with self.lock:
             for handle in request.get("release", ()):
                 self.outputs.pop(handle, None)
+            for name in request.get("unmap", ()):
+                self.blocks.drop(name)
             return self.outputs.get(request.get("handle"))
 
     def array(self, name: str, shape):
@@ -135,8 +139,11 @@ class _State:
             if op == "load":
                 answer = self._load(request)
             elif op == "encode":
-                features = self.array(request["block"], request["shape"])
-                output = self.model.encode(self.ctranslate2.StorageView.from_array(features))
+                # No view of a block outlives the call that uses it (none is alive when the answer
+                # goes): the client may drop the block then, and a view read after the unmap
+                # would crash this process (numpy's views do not keep a mapping alive).
+                output = self.model.encode(self.ctranslate2.StorageView.from_array(
+                    self.array(request["block"], request["shape"])))
                 with self.lock:
                     self.next_handle += 1
                     self.outputs[self.next_handle] = output
