@@ -436,6 +436,67 @@ def test_the_worker_unmaps_the_blocks_the_client_drops(model_path):
         engine.close()
 
 
+def _in_a_forked_child(check, within: float = 120.0) -> int:
+    """Run ``check()`` (True or False) in a forked child; its exit code: 0 if True, 2 if False,
+    1 for an error, -9 if it ran past ``within`` s."""
+    pid = os.fork()
+    if pid == 0:  # the child leaves only through os._exit: pytest's own teardown is the parent's
+        code = 1
+        try:
+            code = 0 if check() else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + within
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -9
+        time.sleep(0.05)
+
+
+def test_a_forked_child_gets_a_worker_of_its_own_and_leaves_the_parents_alone(model_path):
+    """A process forked after the engine started: the child's requests go to a worker of its
+    own, with blocks of its own, and neither its requests nor its exit touch the parent's
+    worker or blocks; the parent's close does not wait on the child's copy of the pipe."""
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        features = np.random.default_rng(0).standard_normal((1, 80, 3000)).astype(np.float32)
+        expected = engine.fetch(engine.encode(features))
+        worker, blocks = engine._process.pid, {block.name for block in engine._free}
+
+        def child() -> bool:
+            output = engine.fetch(engine.encode(features))
+            own = engine._process.pid != worker and not blocks & {block.name for block in engine._free}
+            engine.close()  # unlinks the child's blocks only
+            return np.array_equal(output, expected) and own and engine.restarts == 0
+
+        assert _in_a_forked_child(child) == 0
+        assert engine._process.pid == worker and engine.restarts == 0
+        assert blocks <= {name for name in os.listdir("/dev/shm")}
+        assert np.array_equal(engine.fetch(engine.encode(features)), expected)
+        # A child alive with its copy of the worker's stdin: the parent's close is not held up.
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            os.read(read, 1)  # until the parent closes its end
+            os._exit(0)
+        os.close(read)
+        try:
+            started = time.monotonic()
+            engine.close()
+            assert time.monotonic() - started < 5.0 and not _alive(worker)
+        finally:
+            os.close(write)
+            os.waitpid(pid, 0)
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_batched_pipeline_through_the_worker(stock_flash, float32_pair, clips):
     """Batched windows: one encoding of several rows in the worker, rows copied out for the loop."""

@@ -10,6 +10,8 @@ request has a deadline; a worker that misses it, dies or answers garbage is kill
 ``StockUnavailable`` raised to every thread waiting on it, so the caller can take the patched
 runtime instead (the features stay on this side for that). A worker that died is started again
 on the next request, up to ``MAX_RESTARTS`` times; one that cannot start is not tried again.
+A process forked from one with an engine gets an engine of its own: the parent's worker, pipes
+and blocks stay the parent's, and the child starts its own worker at its first request.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ MAX_RESTARTS = 3
 # beam search on base takes a few seconds on 2 cores; this only catches a hung worker).
 START_TIMEOUT = 120.0
 REQUEST_TIMEOUT = 300.0
+
+# Every engine of this process, for the child of a fork (``_forget_parents_workers``).
+_ENGINES: "weakref.WeakSet[StockEngine]" = weakref.WeakSet()
+
+
+def _forget_parents_workers() -> None:
+    """In a forked child: each engine leaves its parent's worker and blocks alone."""
+    for engine in list(_ENGINES):
+        engine._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_forget_parents_workers)
 
 
 class StockUnavailable(RuntimeError):
@@ -201,6 +216,7 @@ class StockEngine:
         self._released: List[int] = []  # encoder outputs this side dropped: the worker may too
         self._unmapped: List[str] = []  # blocks this side dropped: the worker unmaps them too
         self._died = False
+        _ENGINES.add(self)
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
         # worker spent on them]; the difference is pipes, shared memory and JSON.
         self.timings: dict = {}
@@ -257,6 +273,22 @@ class StockEngine:
             for block in self._free:
                 self._blocks.drop(block.name)
             self._free = []
+
+    def _forked(self) -> None:
+        """This process is a fork's child: what the engine holds is its parent's. Used here, the
+        parent's worker would get this process's requests under the parent's ids (the reader
+        thread that would hand over the answers did not come along), the parent's free blocks
+        would be written by both, and this process's exit would unlink them. So the engine
+        forgets them, closing nothing (a buffered pipe's lock may be held by a thread that did
+        not come along, and closing it would hang: the parent's worker is told to exit by a
+        message, not only by the end of its stdin, which a child's copy keeps open), and starts
+        a worker of its own at its first request, as the first one."""
+        self._lock = threading.Lock()  # another thread of the parent may have held it
+        self._process, self._channel, self._loading = None, None, None
+        self._blocks = protocol.Blocks(owner=True)
+        self._free, self._released, self._unmapped = [], [], []
+        self.generation += 1  # the parent's encodings are not this worker's
+        self.version, self._died = None, False
 
     @property
     def running(self) -> bool:
@@ -406,9 +438,11 @@ class StockEngine:
             if kill:
                 process.kill()
             else:
+                # Told, not only by its stdin's end: a forked child's copy of the pipe keeps it open.
+                process.stdin.write(protocol.encode({"op": "exit"}))
                 process.stdin.close()
             process.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
         try:

@@ -14,6 +14,7 @@ repeats (errors as {"error": ...}):
     {"op": "detect_language", "handle": H}                            -> {"languages": [[[token, p], ...], ...]}
     {"op": "align", "handle": H, "start_sequence": [...], "text_tokens": [...], "num_frames": N,
      "median_filter_width": 7}                                         -> {"alignments": [...]}
+    {"op": "exit"}   (no answer: as the end of stdin, every request before it answered first)
 
 The load answer says whether freed memory is kept, as asked (``keep_freed_memory``). After it,
 up to ``inter_threads`` requests run at once, one per replica of the model, as threads sharing
@@ -83,6 +84,8 @@ def serve(stdin, stdout) -> None:
     threads: list = []
     for line in stdin:
         request = protocol.decode(line)
+        if request["op"] == "exit":  # as at stdin's end (a forked child of the client may hold it open)
+            break
         # Resolved here, in the order asked: a later request's eviction cannot void an earlier one's handle.
         encoding = state.take(request)
         if request["op"] == "load" or not threads:  # before the model: answered at once (with its error)
