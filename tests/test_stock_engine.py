@@ -497,6 +497,40 @@ def test_a_forked_child_gets_a_worker_of_its_own_and_leaves_the_parents_alone(mo
         engine.close()
 
 
+def test_ctrl_c_interrupts_the_callers_wait_and_leaves_the_worker_serving(model_path):
+    """Ctrl-C at a terminal goes to the whole process group. The worker ignores it: it goes on
+    (no restart, its outputs kept). The caller's wait ends at once with KeyboardInterrupt; the
+    worker may still write that request's block, so the block is never given to another request
+    (and left mapped there); the next requests get the right outputs."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive program has it
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        features = np.random.default_rng(1).standard_normal((1, 80, 3000)).astype(np.float32)
+        encoding = engine.encode(features)
+        expected = engine.fetch(encoding)
+        worker, held = engine._process.pid, engine._free[0].name
+        os.kill(worker, signal.SIGINT)
+        os.kill(worker, signal.SIGSTOP)  # the next request waits until the interrupt has come
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                engine.fetch(encoding)
+        finally:
+            timer.cancel()  # if the request ended some other way first
+            timer.join()
+            os.kill(worker, signal.SIGCONT)
+        assert engine._free == [] and held not in engine._blocks and not engine._orphaned
+        assert np.array_equal(engine.fetch(engine.encode(features)), expected)
+        assert np.array_equal(engine.fetch(encoding), expected)
+        assert engine._process.pid == worker and engine.restarts == 0
+        # The interrupted request's block stays mapped there, beside the one in use now.
+        assert _shared_blocks_mapped(worker) == {held.lstrip("/"), engine._free[0].name.lstrip("/")}
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        engine.close()
+
+
 @pytest.mark.slow
 def test_batched_pipeline_through_the_worker(stock_flash, float32_pair, clips):
     """Batched windows: one encoding of several rows in the worker, rows copied out for the loop."""

@@ -215,6 +215,7 @@ class StockEngine:
         self._free: List = []  # shared-memory blocks no request holds
         self._released: List[int] = []  # encoder outputs this side dropped: the worker may too
         self._unmapped: List[str] = []  # blocks this side dropped: the worker unmaps them too
+        self._orphaned: set = set()  # blocks of requests interrupted while the worker ran them
         self._died = False
         _ENGINES.add(self)
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
@@ -286,7 +287,7 @@ class StockEngine:
         self._lock = threading.Lock()  # another thread of the parent may have held it
         self._process, self._channel, self._loading = None, None, None
         self._blocks = protocol.Blocks(owner=True)
-        self._free, self._released, self._unmapped = [], [], []
+        self._free, self._released, self._unmapped, self._orphaned = [], [], [], set()
         self.generation += 1  # the parent's encodings are not this worker's
         self.version, self._died = None, False
 
@@ -323,7 +324,10 @@ class StockEngine:
             yield block
         finally:
             with self._lock:
-                if self._process is None:  # closed (or its worker died) meanwhile: given back now
+                if block.name in self._orphaned:  # left mapped in the worker (no unmap: it may still use it)
+                    self._orphaned.discard(block.name)
+                    self._blocks.drop(block.name)
+                elif self._process is None:  # closed (or its worker died) meanwhile: given back now
                     self._blocks.drop(block.name)
                 else:
                     self._free.append(block)
@@ -355,6 +359,11 @@ class StockEngine:
         except (EOFError, TimeoutError) as error:
             with self._lock:
                 self._failed(channel, error)
+        except BaseException:  # KeyboardInterrupt: the worker goes on with the request
+            if "block" in request:  # and may still read or write its block: not for another request
+                with self._lock:
+                    self._orphaned.add(request["block"])
+            raise
         with self._lock:
             timing = self.timings.setdefault(request["op"], [0, 0.0, 0.0])
             timing[0] += 1

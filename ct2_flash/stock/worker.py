@@ -30,6 +30,7 @@ newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"e
 import ctypes
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -196,6 +197,9 @@ class _State:
 
 
 if __name__ == "__main__":
+    # The client decides when this process ends (an "exit", the end of stdin, a kill): a Ctrl-C
+    # at the terminal, sent to the whole process group, interrupts the caller's wait only.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path.insert(0, sys.argv[1])  # stock ctranslate2 before the environment's patched one
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     # Answers go to a copy of stdout; anything else the engine prints lands on stderr.
