@@ -403,6 +403,30 @@ def _shared_blocks_mapped(pid: int) -> set:
         return {os.path.basename(path.replace(" (deleted)", "")) for path in paths if path.startswith("/dev/shm/psm_")}
 
 
+@pytest.mark.parametrize("error, raised", [(28, True), (95, False)])
+def test_a_block_that_shared_memory_cannot_hold_is_refused_at_once(monkeypatch, error, raised):
+    """/dev/shm full (ENOSPC from allocating the block's pages): an OSError at creation and
+    nothing left behind, not a SIGBUS at the first write past the limit (checked by hand on a
+    4 MB /dev/shm: the writing process died with it before). A file system that cannot allocate
+    ahead (EOPNOTSUPP) gets the block as before."""
+    before = set(os.listdir("/dev/shm"))
+
+    def fallocate(fd, offset, length):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(protocol.os, "posix_fallocate", fallocate)
+    blocks = protocol.Blocks(owner=True)
+    try:
+        if raised:
+            with pytest.raises(OSError, match="No space"):
+                blocks.create(1 << 20)
+        else:
+            blocks.array(blocks.create(1 << 20).name, (4,))[...] = 1.0
+    finally:
+        blocks.close()
+    assert set(os.listdir("/dev/shm")) == before
+
+
 def test_close_leaves_a_block_mapped_while_a_request_holds_it(model_path):
     """``close`` from one thread while another request still copies out of its block: that
     block is unmapped when the request ends, not under it (numpy's views do not pin a

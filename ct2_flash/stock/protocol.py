@@ -8,7 +8,9 @@ small rest (prompts, tokens, options), and no array is ever pickled.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from multiprocessing import resource_tracker, shared_memory
 from typing import Dict, Sequence
 
@@ -32,6 +34,18 @@ def decode(line: bytes) -> dict:
     return json.loads(line.decode("utf-8"))
 
 
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the pages of a shared-memory file now (where the system can say so)."""
+    if not hasattr(os, "posix_fallocate"):  # macOS: no such call, and no size-limited /dev/shm
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        # EOPNOTSUPP/EINVAL: a file system that cannot allocate ahead; left as before
+
+
 class Blocks:
     """Shared-memory blocks mapped by name: each side keeps what it has seen open.
 
@@ -45,7 +59,17 @@ class Blocks:
         self._open: Dict[str, shared_memory.SharedMemory] = {}
 
     def create(self, size: int) -> shared_memory.SharedMemory:
+        """A new block of ``size`` bytes whose memory is there: ``OSError`` (ENOSPC) where
+        /dev/shm cannot hold it (a container's is 64 MB by default). Only sized, a block would
+        take its pages when first written, and a page that does not fit kills the writer with
+        SIGBUS, this process or the worker."""
         block = shared_memory.SharedMemory(create=True, size=max(1, size))
+        try:
+            _reserve(block._fd, max(1, size))  # noqa: SLF001
+        except OSError:
+            block.close()
+            block.unlink()
+            raise
         self._open[block.name] = block
         return block
 
