@@ -435,7 +435,8 @@ def test_close_leaves_a_block_mapped_while_a_request_holds_it(model_path):
     try:
         engine.encode(np.zeros((1, 80, 3000), np.float32))
         spare = engine._free[0].name
-        with engine._block(1 << 20) as held:
+        with engine._block(1 << 20) as lease:
+            held = lease.block
             closer = threading.Thread(target=engine.close)
             closer.start()
             closer.join(30)
@@ -482,6 +483,36 @@ def _in_a_forked_child(check, within: float = 120.0) -> int:
         time.sleep(0.05)
 
 
+def test_no_block_keeps_its_name_once_a_worker_has_mapped_it(model_path):
+    """A block's name leaves /dev/shm once the worker has answered a request naming it, so
+    nothing is left there however the processes end (here: killed). A worker started again
+    cannot map such a block: a request gets a copy under a new name, with the same output."""
+    before = set(os.listdir("/dev/shm"))
+    features = np.random.default_rng(2).standard_normal((1, 80, 3000)).astype(np.float32)
+
+    def killed_after_a_request() -> bool:
+        engine = StockEngine(model_path, "float32", 1)
+        engine.fetch(engine.encode(features))
+        os.kill(os.getpid(), signal.SIGKILL)
+        return False
+
+    assert _in_a_forked_child(killed_after_a_request) == -signal.SIGKILL
+    assert set(os.listdir("/dev/shm")) == before
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        expected = engine.fetch(engine.encode(features))
+        assert set(os.listdir("/dev/shm")) == before and len(engine._free) == 1
+        engine._process.kill()
+        engine._process.wait()
+        stale = engine._free[0].name
+        assert np.array_equal(engine.fetch(engine.encode(features)), expected)
+        assert engine.restarts == 1 and stale not in engine._blocks
+        assert set(os.listdir("/dev/shm")) == before
+    finally:
+        engine.close()
+    assert set(os.listdir("/dev/shm")) == before
+
+
 def test_a_forked_child_gets_a_worker_of_its_own_and_leaves_the_parents_alone(model_path):
     """A process forked after the engine started: the child's requests go to a worker of its
     own, with blocks of its own, and neither its requests nor its exit touch the parent's
@@ -500,7 +531,7 @@ def test_a_forked_child_gets_a_worker_of_its_own_and_leaves_the_parents_alone(mo
 
         assert _in_a_forked_child(child) == 0
         assert engine._process.pid == worker and engine.restarts == 0
-        assert blocks <= {name for name in os.listdir("/dev/shm")}
+        assert {name.lstrip("/") for name in blocks} <= _shared_blocks_mapped(worker)  # still mapped there
         assert np.array_equal(engine.fetch(engine.encode(features)), expected)
         # A child alive with its copy of the worker's stdin: the parent's close is not held up.
         read, write = os.pipe()

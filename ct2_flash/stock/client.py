@@ -96,6 +96,14 @@ class RemoteEncoding:
         weakref.finalize(self, engine.release, handle, generation)
 
 
+class _Lease:
+    """A request's shared-memory block (``_block``); replaced by a copy where the worker that
+    mapped it has stopped, since its name is gone (``StockEngine._renew``)."""
+
+    def __init__(self, block) -> None:
+        self.block = block
+
+
 class _Call:
     """One request sent: set ``done`` once ``answer`` came, or ``failure`` says why none will."""
 
@@ -216,6 +224,7 @@ class StockEngine:
         self._released: List[int] = []  # encoder outputs this side dropped: the worker may too
         self._unmapped: List[str] = []  # blocks this side dropped: the worker unmaps them too
         self._orphaned: set = set()  # blocks of requests interrupted while the worker ran them
+        self._mapped_by: Dict[str, int] = {}  # block -> generation of the worker that mapped it (then unlinked)
         self._died = False
         _ENGINES.add(self)
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
@@ -227,16 +236,16 @@ class StockEngine:
     def encode(self, features: np.ndarray) -> RemoteEncoding:
         """Encode [batch, n_mels, frames] float32 features; the output stays in the worker."""
         features = np.ascontiguousarray(features, dtype=np.float32)
-        with self._block(features.nbytes) as block:
-            self._blocks.array(block.name, features.shape)[...] = features
-            answer, generation = self._ask({"op": "encode", "block": block.name, "shape": list(features.shape)})
+        with self._block(features.nbytes) as lease:
+            self._blocks.array(lease.block.name, features.shape)[...] = features
+            answer, generation = self._ask({"op": "encode", "shape": list(features.shape)}, lease=lease)
         return RemoteEncoding(self, answer["handle"], generation, answer["shape"], features)
 
     def fetch(self, encoding: RemoteEncoding) -> np.ndarray:
         """[batch, frames, d_model] float32: a copy of the encoder output, for the loop."""
-        with self._block(int(np.prod(encoding.shape)) * 4) as block:
-            answer, _ = self._ask({"op": "fetch", "block": block.name}, encoding)
-            return np.array(self._blocks.array(block.name, answer["shape"]))
+        with self._block(int(np.prod(encoding.shape)) * 4) as lease:
+            answer, _ = self._ask({"op": "fetch"}, encoding, lease)
+            return np.array(self._blocks.array(lease.block.name, answer["shape"]))
 
     def generate(self, encoding: RemoteEncoding, prompts, options: dict) -> List[GenerationResult]:
         """``Whisper.generate`` there, one result per row."""
@@ -272,7 +281,7 @@ class StockEngine:
         with self._lock:
             self._stop(kill=False)
             for block in self._free:
-                self._blocks.drop(block.name)
+                self._drop(block.name)
             self._free = []
 
     def _forked(self) -> None:
@@ -287,7 +296,7 @@ class StockEngine:
         self._lock = threading.Lock()  # another thread of the parent may have held it
         self._process, self._channel, self._loading = None, None, None
         self._blocks = protocol.Blocks(owner=True)
-        self._free, self._released, self._unmapped, self._orphaned = [], [], [], set()
+        self._free, self._released, self._unmapped, self._orphaned, self._mapped_by = [], [], [], set(), {}
         self.generation += 1  # the parent's encodings are not this worker's
         self.version, self._died = None, False
 
@@ -302,10 +311,12 @@ class StockEngine:
     # -- the worker ---------------------------------------------------------------------------
 
     @contextmanager
-    def _block(self, size: int) -> Iterator:
+    def _block(self, size: int) -> Iterator[_Lease]:
         """A shared-memory block of at least ``size`` bytes, this request's alone while it runs.
         Blocks are reused: there are as many as requests ever ran at once (a free one too small
-        is replaced)."""
+        is replaced). A block keeps its name in /dev/shm only until a worker has mapped it (it
+        answered a request naming it): from then on nothing of it is left there, however the
+        processes end."""
         with self._lock:
             block = next((b for b in self._free if b.size >= size), None)
             if block is not None:
@@ -313,28 +324,50 @@ class StockEngine:
             else:
                 if self._free:
                     name = self._free.pop().name
-                    self._blocks.drop(name)
-                    # Unlinked, but its pages stay while the worker maps it: told with the next request.
+                    self._drop(name)
+                    # Its pages stay while the worker maps it: told with the next request.
                     self._unmapped.append(name)
-                try:
-                    block = self._blocks.create(size)
-                except OSError as error:  # /dev/shm full or missing: this call stays here, the worker is fine
-                    raise StockUnavailable(f"shared memory of {size} bytes could not be allocated ({error})") from None
+                block = self._create(size)
+        lease = _Lease(block)
         try:
-            yield block
+            yield lease
         finally:
             with self._lock:
-                if block.name in self._orphaned:  # left mapped in the worker (no unmap: it may still use it)
-                    self._orphaned.discard(block.name)
-                    self._blocks.drop(block.name)
+                name = lease.block.name
+                if name in self._orphaned:  # left mapped in the worker (no unmap: it may still use it)
+                    self._orphaned.discard(name)
+                    self._drop(name)
                 elif self._process is None:  # closed (or its worker died) meanwhile: given back now
-                    self._blocks.drop(block.name)
+                    self._drop(name)
                 else:
-                    self._free.append(block)
+                    self._free.append(lease.block)
 
-    def _ask(self, request: dict, encoding: Optional[RemoteEncoding] = None) -> Tuple[dict, int]:
-        """Send one request (about ``encoding``, if given) and wait for its answer; with it, the
-        generation of the worker that answered."""
+    def _create(self, size: int):
+        """A new block (the lock is held)."""
+        try:
+            return self._blocks.create(size)
+        except OSError as error:  # /dev/shm full or missing: this call stays here, the worker is fine
+            raise StockUnavailable(f"shared memory of {size} bytes could not be allocated ({error})") from None
+
+    def _drop(self, name: str) -> None:
+        self._blocks.drop(name)
+        self._mapped_by.pop(name, None)
+
+    def _renew(self, lease: _Lease) -> None:
+        """A copy of the lease's block under a new name, where the worker that mapped the block
+        (and so took its name away) is not the one running now (the lock is held)."""
+        name = lease.block.name
+        if self._mapped_by.get(name, self.generation) == self.generation:
+            return
+        block = self._create(lease.block.size)
+        block.buf[:] = lease.block.buf[:block.size]
+        self._drop(name)
+        lease.block = block
+
+    def _ask(self, request: dict, encoding: Optional[RemoteEncoding] = None,
+             lease: Optional[_Lease] = None) -> Tuple[dict, int]:
+        """Send one request (about ``encoding``, if given; with the block ``lease`` holds, if
+        given) and wait for its answer; with it, the generation of the worker that answered."""
         with self._lock:
             if encoding is not None:
                 # Checked before asking: asking would start a new worker that cannot hold it.
@@ -342,6 +375,9 @@ class StockEngine:
                     raise StockUnavailable("the worker that held this encoding has stopped")
                 request = {**request, "handle": encoding.handle}
             self._ensure_started()
+            if lease is not None:
+                self._renew(lease)
+                request = {**request, "block": lease.block.name}
             channel, generation = self._channel, self.generation
             released, self._released = self._released, []
             unmapped, self._unmapped = self._unmapped, []
@@ -369,9 +405,15 @@ class StockEngine:
             timing[0] += 1
             timing[1] += time.perf_counter() - started
             timing[2] += answer.get("seconds", 0.0)
+            name = request.get("block")
+            if name is not None and self._blocks.linked(name) and "unknown block" not in answer.get("error", ""):
+                self._blocks.unlink(name)  # the worker has mapped it (before anything else it did)
+                self._mapped_by[name] = generation
         if "error" in answer:
             if answer["error"] == "unknown handle":
                 raise StockUnavailable("the worker no longer holds this encoding")
+            if answer["error"].startswith("unknown block"):
+                raise StockUnavailable(f"the worker could not map this request's shared memory ({answer['error']})")
             raise RuntimeError(f"stock ctranslate2: {answer['error']}")  # the engine's own error, as in-process
         return answer, generation
 

@@ -12,7 +12,7 @@ import errno
 import json
 import os
 from multiprocessing import resource_tracker, shared_memory
-from typing import Dict, Sequence
+from typing import Dict, Sequence, Set
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class Blocks:
     def __init__(self, owner: bool) -> None:
         self.owner = owner
         self._open: Dict[str, shared_memory.SharedMemory] = {}
+        self._linked: Set[str] = set()  # the owner's blocks that still have a name in /dev/shm
 
     def create(self, size: int) -> shared_memory.SharedMemory:
         """A new block of ``size`` bytes whose memory is there: ``OSError`` (ENOSPC) where
@@ -71,29 +72,45 @@ class Blocks:
             block.unlink()
             raise
         self._open[block.name] = block
+        self._linked.add(block.name)
         return block
 
-    def array(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        """The float32 array of ``shape`` at the start of block ``name`` (a view, no copy)."""
+    def map(self, name: str) -> shared_memory.SharedMemory:
+        """Block ``name``, mapped here once (``FileNotFoundError`` for a name that is gone)."""
         block = self._open.get(name)
         if block is None:
             block = shared_memory.SharedMemory(name=name)
             if not self.owner:  # Python < 3.13 tracks mapped blocks too, and would unlink them
                 resource_tracker.unregister(block._name, "shared_memory")  # noqa: SLF001
             self._open[name] = block
-        return np.ndarray(tuple(shape), dtype=np.float32, buffer=block.buf)
+        return block
+
+    def array(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """The float32 array of ``shape`` at the start of block ``name`` (a view, no copy)."""
+        return np.ndarray(tuple(shape), dtype=np.float32, buffer=self.map(name).buf)
 
     def __contains__(self, name: str) -> bool:
         return name in self._open
 
+    def linked(self, name: str) -> bool:
+        return name in self._linked
+
+    def unlink(self, name: str) -> None:
+        """The owner's block ``name`` loses its name: still mapped by whoever mapped it, gone
+        from /dev/shm (and from Python's resource tracker) however the processes end."""
+        if name in self._linked:
+            self._linked.discard(name)
+            self._open[name].unlink()
+
     def drop(self, name: str) -> None:
         """Unmap block ``name`` (and unlink it on the owner's side). Only once nothing reads it:
         a numpy view does not keep the mapping alive, and one read after the unmap crashes."""
-        block = self._open.pop(name, None)
+        block = self._open.get(name)
         if block is not None:
-            block.close()
             if self.owner:
-                block.unlink()
+                self.unlink(name)
+            del self._open[name]
+            block.close()
 
     def close(self) -> None:
         for name in list(self._open):

@@ -88,7 +88,11 @@ def serve(stdin, stdout) -> None:
         if request["op"] == "exit":  # as at stdin's end (a forked child of the client may hold it open)
             break
         # Resolved here, in the order asked: a later request's eviction cannot void an earlier one's handle.
-        encoding = state.take(request)
+        try:
+            encoding = state.take(request)
+        except OSError as error:  # its block is gone: the client unlinked it before this worker mapped it
+            state.answer(request, {"error": f"unknown block ({error})", "seconds": 0.0})
+            continue
         if request["op"] == "load" or not threads:  # before the model: answered at once (with its error)
             state.run(request, encoding)
             if state.model is not None and not threads:
@@ -123,12 +127,16 @@ class _State:
         self.lock = threading.Lock()
 
     def take(self, request: dict):
-        """Drop what ``request`` releases and unmaps; the encoder output it names, or None."""
+        """Drop what ``request`` releases and unmaps, and map its block (the client unlinks a
+        block's name once a worker has answered a request naming it); the encoder output it
+        names, or None. ``OSError`` for a block that is gone."""
         with self.lock:
             for handle in request.get("release", ()):
                 self.outputs.pop(handle, None)
             for name in request.get("unmap", ()):
                 self.blocks.drop(name)
+            if "block" in request:
+                self.blocks.map(request["block"])
             return self.outputs.get(request.get("handle"))
 
     def array(self, name: str, shape):
@@ -176,8 +184,10 @@ class _State:
         except Exception as error:  # the engine's errors go back to the caller, who decides
             answer = {"error": f"{type(error).__name__}: {error}"}
         answer["seconds"] = time.perf_counter() - started  # the work itself: the rest is the channel's
-        answer["id"] = request.get("id")
-        message = self.protocol.encode(answer)
+        self.answer(request, answer)
+
+    def answer(self, request: dict, answer: dict) -> None:
+        message = self.protocol.encode({**answer, "id": request.get("id")})
         with self.lock:  # one answer, one whole line
             self.stdout.write(message)
             self.stdout.flush()
