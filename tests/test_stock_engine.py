@@ -178,6 +178,30 @@ def test_int8_through_the_worker_is_faster_whispers_output(model_path, clips):
     assert not flash.reference_model.model_is_loaded  # nothing needed the patched model (engine.deferred_model)
 
 
+def test_a_model_used_in_a_forked_child_gives_the_same_segments(model_path, clips):
+    """A process forked from one that built the model and transcribed with it (the patched
+    model not loaded: engine.deferred_model) transcribes with it through a worker of its own,
+    with the parent's segments; the parent's worker serves on."""
+    flash = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=THREADS, stock_engine=True)
+    stock = flash.model.engines.stock
+    try:
+        name = SHORT[0]
+        expected = segments_of(flash, clips[name], beam_size=1)
+        worker = stock._process.pid
+
+        def child() -> bool:
+            same = segments_of(flash, clips[name], beam_size=1) == expected
+            own = stock._process.pid != worker and stock.restarts == 0 and flash.model.engines.stock_failures == 0
+            stock.close()
+            return same and own
+
+        assert _in_a_forked_child(child) == 0
+        assert segments_of(flash, clips[name], beam_size=1) == expected
+        assert stock._process.pid == worker and stock.restarts == 0 and not flash.reference_model.model_is_loaded
+    finally:
+        stock.close()
+
+
 def test_a_killed_worker_loses_nothing_and_is_started_again(model_path, float32_pair, clips, caplog):
     flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
     engine = flash.model.engines.stock
