@@ -143,3 +143,28 @@ def test_the_loops_first_call_loads_the_model_before_its_timer_starts(model_path
     assert flash.spec_stats.target_calls > 0  # it ran in the loop
     assert ready_when_timed[-1]  # the generate() call's timer (the encoder's came before)
     flash.model.engines.close()
+
+
+def test_a_forked_child_loads_the_model_anew_with_its_alignment_heads():
+    """In a forked child (``forget_parent``, run by ``engine.forks`` at each fork) the parent's
+    loaded model is kept, never destroyed, and the next use loads another, given the alignment
+    heads the first was given last."""
+    loaded = []
+
+    class Model(types.SimpleNamespace):
+        def set_alignment_heads(self, heads):
+            self.heads = list(heads)
+
+    def load(path, **options):
+        model = Model(compute_type=options["compute_type"], is_multilingual=False, num_languages=99, n_mels=80,
+                      heads=None)
+        loaded.append(model)
+        return model
+
+    deferred = DeferredWhisper(load, resolve_model("tiny.en"), "float32")
+    deferred.set_alignment_heads([(2, 1), (3, 0)])
+    first = loaded[0]
+    assert first.heads == [(2, 1), (3, 0)] and deferred.model_is_loaded
+    deferred.forget_parent()
+    assert not deferred.model_is_loaded and len(loaded) == 1
+    assert deferred.load_model() is loaded[1] and loaded[1].heads == [(2, 1), (3, 0)]

@@ -202,6 +202,28 @@ def test_a_model_used_in_a_forked_child_gives_the_same_segments(model_path, clip
         stock.close()
 
 
+def test_a_forked_child_runs_the_loop_on_models_and_drafter_sessions_of_its_own(model_path, clips):
+    """The parent ran the loop (float32, every call speculative), so its patched model and
+    drafter sessions are loaded, on threads a forked child does not have: the child loads and
+    opens its own at first use (engine.forks) and gets the parent's segments; before, its
+    first call waited forever."""
+    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, adaptive=False)
+    try:
+        name = SHORT[1]
+        expected = segments_of(flash, clips[name], beam_size=1)
+        assert flash.reference_model.model_is_loaded and flash.model.stats.target_calls > 0
+
+        def child() -> bool:
+            calls = flash.model.stats.target_calls
+            same = segments_of(flash, clips[name], beam_size=1) == expected
+            return same and flash.model.stats.target_calls > calls and flash.reference_model.model_is_loaded
+
+        assert _in_a_forked_child(child, within=60.0) == 0
+        assert segments_of(flash, clips[name], beam_size=1) == expected
+    finally:
+        flash.model.engines.close()
+
+
 def test_a_killed_worker_loses_nothing_and_is_started_again(model_path, float32_pair, clips, caplog):
     flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
     engine = flash.model.engines.stock

@@ -20,6 +20,7 @@ import contextlib
 import threading
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
+from ct2_flash.engine import forks
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
 
 # Requested compute types that CTranslate2 resolves to int8_float32 on a CPU with int8
@@ -66,7 +67,8 @@ class DeferredWhisper:
     decoder embedding's rows, the first convolution's input channels), whose index is read
     whole, so a missing or truncated file raises ``ModelFileError`` here. ``model_is_loaded``
     says whether it has loaded; ``load_model()`` loads now. Any other attribute loads the model
-    (once, under a lock) and is the model's.
+    (once, under a lock) and is the model's. In a forked child a model the parent loaded is
+    loaded again at first use (``engine.forks``), with the alignment heads it was given.
     """
 
     device = "cpu"
@@ -86,6 +88,8 @@ class DeferredWhisper:
         self._options = options
         self._model = None
         self._loading = threading.Lock()
+        self._alignment_heads: Optional[list] = None  # as last set: given again to a model loaded anew
+        forks.forget_parent_in_children(self)
 
     @property
     def model_is_loaded(self) -> bool:
@@ -105,8 +109,22 @@ class DeferredWhisper:
                     raise RuntimeError(f"ct2-flash: the patched model loaded as {found}, not {told} as read from "
                                        f"its files; build the model with stock_engine=False, which loads it at "
                                        f"once (and please report this)")
+                if self._alignment_heads is not None:
+                    model.set_alignment_heads(self._alignment_heads)
                 self._model = model
         return self._model
+
+    def set_alignment_heads(self, heads) -> None:
+        """The model's ``set_alignment_heads``, remembered for a model loaded anew."""
+        self.load_model().set_alignment_heads(heads)
+        self._alignment_heads = list(heads)
+
+    def forget_parent(self) -> None:
+        """In a forked child: the parent's model runs on threads that did not come along, so it
+        is kept, never destroyed (its destructor would join them), and loaded anew at first use."""
+        self._loading = threading.Lock()  # another thread of the parent may have held it
+        forks.keep_forever(self._model)
+        self._model = None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # not the model's API (and this object's own, before __init__ set them)

@@ -29,6 +29,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ct2_flash.engine import forks
 from ct2_flash.stock import protocol
 from ct2_flash.stock.location import installed, stock_dir
 
@@ -40,19 +41,6 @@ MAX_RESTARTS = 3
 # beam search on base takes a few seconds on 2 cores; this only catches a hung worker).
 START_TIMEOUT = 120.0
 REQUEST_TIMEOUT = 300.0
-
-# Every engine of this process, for the child of a fork (``_forget_parents_workers``).
-_ENGINES: "weakref.WeakSet[StockEngine]" = weakref.WeakSet()
-
-
-def _forget_parents_workers() -> None:
-    """In a forked child: each engine leaves its parent's worker and blocks alone."""
-    for engine in list(_ENGINES):
-        engine._forked()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
-    os.register_at_fork(after_in_child=_forget_parents_workers)
 
 
 class StockUnavailable(RuntimeError):
@@ -226,7 +214,7 @@ class StockEngine:
         self._orphaned: set = set()  # blocks of requests interrupted while the worker ran them
         self._mapped_by: Dict[str, int] = {}  # block -> generation of the worker that mapped it (then unlinked)
         self._died = False
-        _ENGINES.add(self)
+        forks.forget_parent_in_children(self)
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
         # worker spent on them]; the difference is pipes, shared memory and JSON.
         self.timings: dict = {}
@@ -284,7 +272,7 @@ class StockEngine:
                 self._drop(block.name)
             self._free = []
 
-    def _forked(self) -> None:
+    def forget_parent(self) -> None:
         """This process is a fork's child: what the engine holds is its parent's. Used here, the
         parent's worker would get this process's requests under the parent's ids (the reader
         thread that would hand over the answers did not come along), the parent's free blocks
