@@ -20,10 +20,12 @@ The load answer says whether freed memory is kept, as asked (``keep_freed_memory
 up to ``inter_threads`` requests run at once, one per replica of the model, as threads sharing
 the model in-process would (faster-whisper's ``num_workers``); answers come as they finish, so
 in another order than asked. Every answer carries "seconds", the time the request took here.
-Every request may carry "release": [H, ...], encoder outputs the client no longer holds, and
-"unmap": [NAME, ...], shared-memory blocks it has dropped (unlinked, their pages stay until
-every process unmaps them; a block is dropped only once every request naming it is answered). The
-newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
+A request's "block" is mapped before anything else is done with it (an error answer included),
+so that the client can take the block's name out of /dev/shm once the answer comes; a block
+whose name is gone by then is answered {"error": "unknown block ..."}. Every request may carry
+"release": [H, ...], encoder outputs the client no longer holds, and "unmap": [NAME, ...],
+blocks it has dropped (their pages stay until every process unmaps them; a block is dropped
+only once every request naming it is answered). The newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
 "unknown handle"} and the client encodes again.
 """
 
