@@ -322,10 +322,10 @@ class StockEngine:
         finally:
             with self._lock:
                 name = lease.block.name
-                if name in self._orphaned:  # left mapped in the worker (no unmap: it may still use it)
+                # Interrupted (left mapped in the worker, no unmap: it may still use it), or the
+                # engine closed or its worker died meanwhile: given back now, never reused.
+                if name in self._orphaned or self._process is None:
                     self._orphaned.discard(name)
-                    self._drop(name)
-                elif self._process is None:  # closed (or its worker died) meanwhile: given back now
                     self._drop(name)
                 else:
                     self._free.append(lease.block)
@@ -394,13 +394,14 @@ class StockEngine:
             timing[1] += time.perf_counter() - started
             timing[2] += answer.get("seconds", 0.0)
             name = request.get("block")
-            if name is not None and self._blocks.linked(name) and "unknown block" not in answer.get("error", ""):
+            gone = answer.get("error", "").startswith("unknown block")  # the worker could not map it
+            if name is not None and self._blocks.linked(name) and not gone:
                 self._blocks.unlink(name)  # the worker has mapped it (before anything else it did)
                 self._mapped_by[name] = generation
         if "error" in answer:
             if answer["error"] == "unknown handle":
                 raise StockUnavailable("the worker no longer holds this encoding")
-            if answer["error"].startswith("unknown block"):
+            if gone:
                 raise StockUnavailable(f"the worker could not map this request's shared memory ({answer['error']})")
             raise RuntimeError(f"stock ctranslate2: {answer['error']}")  # the engine's own error, as in-process
         return answer, generation

@@ -25,8 +25,8 @@ so that the client can take the block's name out of /dev/shm once the answer com
 whose name is gone by then is answered {"error": "unknown block ..."}. Every request may carry
 "release": [H, ...], encoder outputs the client no longer holds, and "unmap": [NAME, ...],
 blocks it has dropped (their pages stay until every process unmaps them; a block is dropped
-only once every request naming it is answered). The newest ``KEPT`` outputs are kept in any case; an older one asked for answers {"error":
-"unknown handle"} and the client encodes again.
+only once every request naming it is answered). The newest ``KEPT`` outputs are kept in any
+case; an older one asked for answers {"error": "unknown handle"} and the client encodes again.
 """
 
 import ctypes
@@ -142,7 +142,7 @@ class _State:
             return self.outputs.get(request.get("handle"))
 
     def array(self, name: str, shape):
-        with self.lock:  # the first request naming a block maps it
+        with self.lock:  # mapped by ``take`` already: a lookup
             return self.blocks.array(name, shape)
 
     def run(self, request: dict, encoding) -> None:
