@@ -17,7 +17,7 @@ from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
 from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError, target_identity  # noqa: E402
 from ct2_flash.drafting.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
-from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OnnxDrafter  # noqa: E402
+from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OnnxDrafter, file_digest  # noqa: E402
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS  # noqa: E402
 
 from .conftest import CLIP_PATHS, LONG_PATH, segments_of  # noqa: E402
@@ -113,12 +113,31 @@ def test_bad_files_fail_at_load_with_the_file_and_the_fix(converted, model_path,
     out, manifest = converted
     propose = manifest.graphs["int8"]["propose"]
 
+    # Refused at construction by the digests export.json records, before ONNX Runtime opens
+    # anything: a truncated graph, and one with a byte changed inside its weights (which
+    # ONNX Runtime would load).
     truncated = _copy(out, tmp_path, "truncated")
     path = os.path.join(truncated, propose)
     data = open(path, "rb").read()
     open(path, "wb").write(data[: len(data) // 3])
-    with pytest.raises(CheckpointError, match=rf"(?s)cannot load drafter graph .*{propose}.*convert-drafter"):
+    with pytest.raises(CheckpointError, match=rf"(?s){propose} is damaged.*convert-drafter"):
         OnnxDrafter(truncated, model_path)
+    flipped = _copy(out, tmp_path, "flipped")
+    path = os.path.join(flipped, propose)
+    data = bytearray(open(path, "rb").read())
+    data[-1000] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"(?s){propose} is damaged.*convert-drafter"):
+        OnnxDrafter(flipped, model_path)
+
+    # A drafter converted before digests were recorded: ONNX Runtime opens it at construction,
+    # and its load is the check.
+    undigested = _copy(truncated, tmp_path, "undigested")
+    record = json.load(open(os.path.join(undigested, EXPORT_FILE)))
+    del record["digests"]
+    json.dump(record, open(os.path.join(undigested, EXPORT_FILE), "w"))
+    with pytest.raises(CheckpointError, match=rf"(?s)cannot load drafter graph .*{propose}.*convert-drafter"):
+        OnnxDrafter(undigested, model_path)
 
     missing = _copy(out, tmp_path, "missing")
     os.remove(os.path.join(missing, propose))
@@ -130,16 +149,28 @@ def test_bad_files_fail_at_load_with_the_file_and_the_fix(converted, model_path,
     with pytest.raises(CheckpointError, match="no exported graphs.*convert-drafter"):
         OnnxDrafter(no_manifest, model_path)
 
+    # A newer converter's opset (in the graph and the manifest, digests matching): opened at
+    # construction, where ONNX Runtime refuses it.
     future = _copy(out, tmp_path, "future_opset")
     graph = onnx.load(os.path.join(future, propose))
     graph.opset_import[0].version = 99  # an opset no installed ONNX Runtime implements
     onnx.save(graph, os.path.join(future, propose))
+    record = json.load(open(os.path.join(future, EXPORT_FILE)))
+    record["opset"] = 99
+    record["digests"]["int8"]["propose"] = file_digest(os.path.join(future, propose))
+    json.dump(record, open(os.path.join(future, EXPORT_FILE), "w"))
     with pytest.raises(CheckpointError, match=r"(?s)cannot load drafter graph.*upgrade onnxruntime"):
         OnnxDrafter(future, model_path)
 
-    shortened = _copy(out, tmp_path, "shortened")  # a vocabulary that does not fit the logits
+    # A vocabulary that does not fit the proposal graph's logits (as export.json records them,
+    # and as ONNX Runtime reads them from a drafter converted before they were recorded).
+    shortened = _copy(out, tmp_path, "shortened")
     record = json.load(open(os.path.join(shortened, EXPORT_FILE)))
     record["vocabulary"] = record["vocabulary"][:-1]
+    json.dump(record, open(os.path.join(shortened, EXPORT_FILE), "w"))
+    with pytest.raises(CheckpointError, match=r"(?s)vocabulary does not match.*convert-drafter"):
+        OnnxDrafter(shortened, model_path)
+    del record["interfaces"]
     json.dump(record, open(os.path.join(shortened, EXPORT_FILE), "w"))
     with pytest.raises(CheckpointError, match=r"(?s)vocabulary does not match.*convert-drafter"):
         OnnxDrafter(shortened, model_path)
@@ -152,6 +183,17 @@ def test_bad_files_fail_at_load_with_the_file_and_the_fix(converted, model_path,
         OnnxDrafter(foreign, model_path)
 
 
+def test_the_graphs_open_at_the_first_window(converted, model_path):
+    out, _ = converted
+    drafter = OnnxDrafter(out, model_path)
+    assert not drafter._sessions_open
+    assert drafter.proposes_prefixes  # from the interface export.json records: the graph takes positions
+    drafter.begin(_window(np.random.default_rng(0), 100))
+    assert drafter._sessions_open
+    drafter.advance(np.zeros((1, 384), np.float32), 2)
+    assert len(drafter.propose([50257, 50362], 4).tokens) <= 4
+
+
 def test_model_runs_a_converted_directory_without_pytorch_modules(converted, model_path):
     from ct2_flash import FlashWhisperModel
 
@@ -160,14 +202,21 @@ def test_model_runs_a_converted_directory_without_pytorch_modules(converted, mod
     assert isinstance(flash.drafter, OnnxDrafter)
 
 
-def _sampled_pair(out, model_path, rng, frames):
+def _window(rng, frames):
     """A sampled window of random audio (its proposals carry the drafter's logits; a greedy
-    one's do not) and the converted drafter ``out`` in both runtimes, float32, uncut."""
+    one's do not)."""
     from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+
+    return DraftWindow(rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362),
+                       DecodingOptions(sampling_topk=0), 50256)
+
+
+def _sampled_pair(out, model_path, rng, frames):
+    """A sampled window (``_window``) and the converted drafter ``out`` in both runtimes,
+    float32, uncut."""
     from ct2_flash.drafting.flash_drafter import FlashDrafter
 
-    window = DraftWindow(rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362),
-                         DecodingOptions(sampling_topk=0), 50256)
+    window = _window(rng, frames)
     exported = OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)
     reference = FlashDrafter(load_checkpoint(out, model_path), precision="float32", min_confidence=0.0)
     return window, exported, reference

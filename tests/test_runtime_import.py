@@ -1,5 +1,6 @@
 """``import ct2_flash`` does not import PyTorch (``engine.runtime_import``), and the fork's
-converters, which import it, still use it."""
+converters, which import it, still use it; a float32 model imports ONNX Runtime only when its
+loop first drafts (``drafting.onnx_drafter``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,30 @@ def test_the_runtime_imports_without_torch_and_its_converters_still_use_it():
     pytest.importorskip("torch")
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, "-c", FRESH_IMPORT], env=environment, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+# A float32 model with the shipped drafter; every call in the loop (adaptive=False).
+DRAFTER_AT_FIRST_USE = """
+import sys
+from ct2_flash import FlashWhisperModel
+from ct2_flash.drafting.onnx_drafter import OnnxDrafter
+flash = FlashWhisperModel("tiny.en", compute_type="float32", adaptive=False)
+assert isinstance(flash.drafter, OnnxDrafter)
+assert "onnxruntime" not in sys.modules, "the model's construction imported ONNX Runtime"
+list(flash.transcribe(sys.argv[1], beam_size=5)[0])
+assert "onnxruntime" not in sys.modules, "beam search imported ONNX Runtime"
+list(flash.transcribe(sys.argv[1], beam_size=1)[0])
+assert "onnxruntime" in sys.modules and flash.spec_stats.proposed > 0
+print("ok")
+"""
+
+
+def test_a_float32_model_imports_onnx_runtime_when_its_loop_first_drafts():
+    sample = os.path.join(ROOT, "tests", "data", "clip04_slt.ogg")
+    result = subprocess.run([sys.executable, "-c", DRAFTER_AT_FIRST_USE, sample], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -16,10 +16,19 @@ It gives the same proposals as the PyTorch drafter on the float32 graphs (tested
 graphs (dynamic quantisation of the weights) are the default on CPU, where a round is bound by
 memory traffic. Proposals are only suggestions: precision changes speed and acceptance, never
 the output.
+
+ONNX Runtime opens the graphs at the first window (``begin``), not when the drafter is made:
+most calls never reach the loop (beam search, int8, the policy's choice), and importing ONNX
+Runtime and opening three sessions was 0.16 s of a float32 model's 0.40 s construction. A
+damaged graph is still refused at construction: ``export.json`` records each graph's SHA-256,
+checked there, and what each graph takes and gives, so the drafter knows its proposal graph
+without opening it. Drafters converted before these were recorded open at construction, as
+ONNX Runtime's load was their check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -50,12 +59,19 @@ class ExportManifest:
         vocabulary: the token id of each column of the proposal graph's ``logits`` output (the
             drafter's shortlist), or None for drafters converted before it was written (they
             propose greedily only).
+        digests: precision -> graph name -> SHA-256 (hex) of its file, as written; None for
+            drafters converted before digests were recorded. ``write`` computes them.
+        interfaces: precision -> graph name -> {"inputs": [name, ...], "outputs": {name:
+            shape}} (a shape's entries are sizes or the names of dynamic axes), as ONNX Runtime
+            reads the graph; None where not recorded. ``write`` reads them.
     """
 
     opset: int
     graphs: Dict[str, Dict[str, str]]
     verification: Dict[str, dict]
     vocabulary: Optional[List[int]] = None
+    digests: Optional[Dict[str, Dict[str, str]]] = None
+    interfaces: Optional[Dict[str, Dict[str, dict]]] = None
 
     @classmethod
     def read(cls, directory: str) -> "ExportManifest":
@@ -67,7 +83,8 @@ class ExportManifest:
             with open(path, encoding="utf-8") as stream:
                 data = json.load(stream)
             manifest = cls(opset=int(data["opset"]), graphs=data["graphs"], verification=data.get("verification", {}),
-                           vocabulary=data.get("vocabulary"))
+                           vocabulary=data.get("vocabulary"), digests=data.get("digests"),
+                           interfaces=data.get("interfaces"))
         except (ValueError, TypeError, KeyError) as error:
             raise CheckpointError(f"{path} is not a valid export manifest: {error}") from error
         for precision, files in manifest.graphs.items():
@@ -76,11 +93,29 @@ class ExportManifest:
         return manifest
 
     def write(self, directory: str) -> None:
+        """Write ``export.json`` into ``directory``, with the digests and interfaces of the graph
+        files there."""
+        paths = {precision: {graph: os.path.join(directory, name) for graph, name in files.items()}
+                 for precision, files in self.graphs.items()}
+        digests = {precision: {graph: file_digest(path) for graph, path in files.items()}
+                   for precision, files in paths.items()}
+        interfaces = {precision: {graph: graph_interface(_session(path, 1, ["CPUExecutionProvider"]))
+                                  for graph, path in files.items()} for precision, files in paths.items()}
         with open(os.path.join(directory, EXPORT_FILE), "w", encoding="utf-8") as stream:
-            record = {"opset": self.opset, "graphs": self.graphs, "verification": self.verification}
+            record = {"opset": self.opset, "graphs": self.graphs, "verification": self.verification,
+                      "digests": digests, "interfaces": interfaces}
             if self.vocabulary is not None:
                 record["vocabulary"] = self.vocabulary
             json.dump(record, stream, indent=2)
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def has_graphs(directory: str) -> bool:
@@ -88,14 +123,28 @@ def has_graphs(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, EXPORT_FILE))
 
 
+def graph_interface(session) -> dict:
+    """{"inputs": [name, ...], "outputs": {name: shape}} of an ONNX Runtime session's graph."""
+    return {"inputs": [graph_input.name for graph_input in session.get_inputs()],
+            "outputs": {output.name: list(output.shape) for output in session.get_outputs()}}
+
+
+def _check_graph(path: str, digest: Optional[str]) -> None:
+    """A missing file, or one whose bytes are not those the converter wrote (``digest``, where
+    recorded), names itself and the command that rewrites it."""
+    rewrite = f"rewrite the drafter with ct2-flash convert-drafter CHECKPOINT {os.path.dirname(path)} --force"
+    if not os.path.isfile(path):
+        raise CheckpointError(f"drafter graph {path} is missing; {rewrite}")
+    if digest is not None and file_digest(path) != digest:
+        raise CheckpointError(f"drafter graph {path} is damaged (its SHA-256 is not the one {EXPORT_FILE} "
+                              f"records); {rewrite}")
+
+
 def _session(path: str, threads: int, providers: Sequence):
-    """An ONNX Runtime session for one graph; a missing, truncated or unloadable file names
-    itself and the command that rewrites it."""
+    """An ONNX Runtime session for one graph; a truncated or unloadable file names itself and
+    the command that rewrites it."""
     import onnxruntime as ort
 
-    if not os.path.isfile(path):
-        raise CheckpointError(f"drafter graph {path} is missing; rewrite the drafter with "
-                              f"ct2-flash convert-drafter CHECKPOINT {os.path.dirname(path)} --force")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -160,11 +209,12 @@ class OnnxDrafter(Drafter):
         manifest = ExportManifest.read(directory)
         if precision not in manifest.graphs:
             raise CheckpointError(f"drafter {directory!r} has no {precision} graphs (it has {sorted(manifest.graphs)})")
-        providers = _providers(device)
-        files = manifest.graphs[precision]
-        self._audio = _session(os.path.join(directory, files["audio"]), threads, providers)
-        self._history = _session(os.path.join(directory, files["history"]), threads, providers)
-        self._propose = _session(os.path.join(directory, files["propose"]), threads, providers)
+        self._providers = _providers(device)
+        self._threads = threads
+        self._paths = {graph: os.path.join(directory, name) for graph, name in manifest.graphs[precision].items()}
+        digests = (manifest.digests or {}).get(precision, {})
+        for graph, path in self._paths.items():
+            _check_graph(path, digests.get(graph))
         self.config = config
         self.precision = precision
         self.min_confidence = min_confidence
@@ -179,19 +229,26 @@ class OnnxDrafter(Drafter):
         # Room for every position the target can hold, plus one block.
         rows = config.max_positions + config.num_draft_tokens + 1
         self._buffers = [np.zeros((rows, config.num_heads, head_dim), dtype=np.float32) for _ in self._history_names]
-        self._binding = self._propose.io_binding()
+        self._sessions_open = False
+        interfaces = (manifest.interfaces or {}).get(precision, {})
+        if digests and "propose" in interfaces and manifest.opset <= OPSET:
+            propose = interfaces["propose"]
+        else:
+            # Converted before digests and interfaces were recorded, or by a newer converter:
+            # ONNX Runtime's load is the check, so it comes now.
+            self._open()
+            propose = graph_interface(self._propose)
         # Graphs converted before proposals had a length take the anchor's position alone and
         # always compute K rows; current ones compute as many rows as ``positions`` has.
-        self._rows_input = "positions" in {graph_input.name for graph_input in self._propose.get_inputs()}
+        self._rows_input = "positions" in propose["inputs"]
         self.proposes_prefixes = config.causal_blocks and self._rows_input
         self._bind_logits = False  # whether the window binds the logits output (sampling)
         self._output_rows: Optional[int] = None  # rows of the proposal the outputs were bound for
         # The proposal distribution, for sampled decoding, where the graph has it.
-        outputs = {output.name: output.shape for output in self._propose.get_outputs()}
         self._vocabulary = None
-        if manifest.vocabulary is not None and "logits" in outputs:
+        if manifest.vocabulary is not None and "logits" in propose["outputs"]:
             vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
-            width = outputs["logits"][-1]
+            width = propose["outputs"]["logits"][-1]
             if vocabulary.ndim != 1 or (isinstance(width, int) and width != len(vocabulary)) or \
                     len(vocabulary) and not 0 <= vocabulary.min() <= vocabulary.max() < self.vocab_size:
                 raise CheckpointError(f"{os.path.join(directory, EXPORT_FILE)}: its vocabulary does not match the "
@@ -205,7 +262,18 @@ class OnnxDrafter(Drafter):
         self._history_start = 0  # text position of history row 0
         self._cache_length = 0  # the target's cache length = the next anchor's position
 
+    def _open(self) -> None:
+        """Open the graphs in ONNX Runtime, once (the module docstring says when)."""
+        if self._sessions_open:
+            return
+        self._audio = _session(self._paths["audio"], self._threads, self._providers)
+        self._history = _session(self._paths["history"], self._threads, self._providers)
+        self._propose = _session(self._paths["propose"], self._threads, self._providers)
+        self._binding = self._propose.io_binding()
+        self._sessions_open = True
+
     def begin(self, window: DraftWindow) -> None:
+        self._open()
         encoder_output = np.ascontiguousarray(window.drafter_audio(), dtype=np.float32)[None]
         # Held here: the binding points at these arrays for the whole window.
         self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})

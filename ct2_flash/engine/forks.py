@@ -9,8 +9,8 @@ each object that holds such things registers here, and in every child its ``forg
 lets go of them: it keeps what cannot be destroyed there (``keep_forever``) and makes its own
 at first use.
 
-ONNX Runtime (1.32) cannot be forgotten that way: once it is imported, in the drafter or
-faster-whisper's VAD, a forked child that exits normally hangs in its C++ destructors, which
+ONNX Runtime (1.32) cannot be forgotten that way: once it is imported, by the drafter's
+first round or faster-whisper's VAD, a forked child that exits normally hangs in its C++ destructors, which
 wait on a condition variable of a thread that did not come along. So in such a child the C
 exit handlers it inherited are skipped (``_skip_inherited_exit_handlers``): Python's own
 finalisation (atexit handlers, buffered output) runs as ever, and then the process ends with
