@@ -9,12 +9,12 @@ each object that holds such things registers here, and in every child its ``forg
 lets go of them: it keeps what cannot be destroyed there (``keep_forever``) and makes its own
 at first use.
 
-ONNX Runtime (1.32) cannot be forgotten that way: once it is imported, by the drafter's
-first round or faster-whisper's VAD, a forked child that exits normally hangs in its C++ destructors, which
-wait on a condition variable of a thread that did not come along. So in such a child the C
-exit handlers it inherited are skipped (``_skip_inherited_exit_handlers``): Python's own
-finalisation (atexit handlers, buffered output) runs as ever, and then the process ends with
-its exit status.
+ONNX Runtime (1.32) cannot be forgotten that way: once it is imported, by the drafter's first
+round or faster-whisper's VAD, a forked child that exits normally hangs in its C++
+destructors, which wait on a condition variable of a thread that did not come along. So in
+such a child the C exit handlers it inherited are skipped (``_skip_inherited_exit_handlers``):
+Python's own finalisation (atexit handlers, buffered output) runs as ever, and then the
+process ends with its exit status.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def _skip_inherited_exit_handlers() -> bool:
     on_exit.restype = ctypes.c_int
     if on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None) != 0:
         return False
-    # exit() flushes C stdio buffers after its handlers; _exit does not, so flush them here,
-    # once Python's atexit handlers are done (they run before the C ones).
+    # exit() flushes C stdio buffers after its handlers; _exit does not. Python's atexit
+    # handlers run before any C one, and this one after those the child registers from now on.
     libc.fflush.argtypes = (ctypes.c_void_p,)
     atexit.register(libc.fflush, None)
     return True
