@@ -211,7 +211,9 @@ class StockEngine:
         self._free: List = []  # shared-memory blocks no request holds
         self._released: List[int] = []  # encoder outputs this side dropped: the worker may too
         self._unmapped: List[str] = []  # blocks this side dropped: the worker unmaps them too
-        self._orphaned: set = set()  # blocks of requests interrupted while the worker ran them
+        # Blocks of requests interrupted while the worker ran them -> those requests: the worker
+        # unmaps such a block once it has answered (it may read or write it until then).
+        self._orphaned: Dict[str, _Call] = {}
         self._mapped_by: Dict[str, int] = {}  # block -> generation of the worker that mapped it (then unlinked)
         self._died = False
         forks.forget_parent_in_children(self)
@@ -284,7 +286,7 @@ class StockEngine:
         self._lock = threading.Lock()  # another thread of the parent may have held it
         self._process, self._channel, self._loading = None, None, None
         self._blocks = protocol.Blocks(owner=True)
-        self._free, self._released, self._unmapped, self._orphaned, self._mapped_by = [], [], [], set(), {}
+        self._free, self._released, self._unmapped, self._orphaned, self._mapped_by = [], [], [], {}, {}
         self.generation += 1  # the parent's encodings are not this worker's
         self.version, self._died = None, False
 
@@ -322,10 +324,10 @@ class StockEngine:
         finally:
             with self._lock:
                 name = lease.block.name
-                # Interrupted (left mapped in the worker, no unmap: it may still use it), or the
-                # engine closed or its worker died meanwhile: given back now, never reused.
+                # Interrupted (the worker may still use it: told to unmap it once it has answered,
+                # by ``_ask``), or the engine closed or its worker died meanwhile: given back
+                # now, never reused.
                 if name in self._orphaned or self._process is None:
-                    self._orphaned.discard(name)
                     self._drop(name)
                 else:
                     self._free.append(lease.block)
@@ -367,6 +369,10 @@ class StockEngine:
                 self._renew(lease)
                 request = {**request, "block": lease.block.name}
             channel, generation = self._channel, self.generation
+            for name, call in list(self._orphaned.items()):
+                if call.done.is_set():  # answered: the worker is done with the block
+                    del self._orphaned[name]
+                    self._unmapped.append(name)
             released, self._released = self._released, []
             unmapped, self._unmapped = self._unmapped, []
             started = time.perf_counter()
@@ -386,7 +392,7 @@ class StockEngine:
         except BaseException:  # KeyboardInterrupt: the worker goes on with the request
             if "block" in request:  # and may still read or write its block: not for another request
                 with self._lock:
-                    self._orphaned.add(request["block"])
+                    self._orphaned[request["block"]] = call
             raise
         with self._lock:
             timing = self.timings.setdefault(request["op"], [0, 0.0, 0.0])
