@@ -47,6 +47,13 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 CLIP_PATHS = sorted(glob.glob(os.path.join(DATA, "clip*.ogg")))
 LONG_PATH = os.path.join(DATA, "long_multi_voice.ogg")
 THREADS = 2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def checkout_environment() -> Dict[str, str]:
+    """This process's environment with this checkout first on ``PYTHONPATH``: a Python process
+    started with it imports the ``ct2_flash`` under test, whatever the environment installed."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from .conftest import CLIP_PATHS, THREADS
+from .conftest import CLIP_PATHS, THREADS, checkout_environment
 
 # Once ONNX Runtime is imported, a child that exits normally hung in its C++ destructors.
 PLAIN_EXIT = textwrap.dedent("""
@@ -53,7 +53,7 @@ def _run(program: str, *args: str, within: float) -> subprocess.CompletedProcess
     """Run ``program``; past ``within`` s its whole process group is killed (hung children
     included) and the test fails."""
     process = subprocess.Popen([sys.executable, "-c", program, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True, env=checkout_environment())
     try:
         stdout, stderr = process.communicate(timeout=within)
     except subprocess.TimeoutExpired:

@@ -12,7 +12,7 @@ import pytest
 
 from ct2_flash.engine.runtime_import import DeferredModule
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .conftest import ROOT, checkout_environment
 
 # A fresh interpreter: this one imported faster_whisper, so ctranslate2 and torch, already.
 FRESH_IMPORT = """
@@ -32,9 +32,8 @@ print("ok")
 
 def test_the_runtime_imports_without_torch_and_its_converters_still_use_it():
     pytest.importorskip("torch")
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", FRESH_IMPORT], env=environment, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-c", FRESH_IMPORT], env=checkout_environment(), capture_output=True,
+                            text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 
@@ -57,8 +56,8 @@ print("ok")
 
 def test_a_float32_model_imports_onnx_runtime_when_its_loop_first_drafts():
     sample = os.path.join(ROOT, "tests", "data", "clip04_slt.ogg")
-    result = subprocess.run([sys.executable, "-c", DRAFTER_AT_FIRST_USE, sample], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-c", DRAFTER_AT_FIRST_USE, sample], env=checkout_environment(),
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 

@@ -20,10 +20,10 @@ the output.
 ONNX Runtime opens the graphs at the first window (``begin``), not when the drafter is made:
 most calls never reach the loop (beam search, int8, the policy's choice), and importing ONNX
 Runtime and opening three sessions was the larger part of a float32 model's build
-(docs/measurements.md, "Start-up"). A damaged graph is still refused at construction: ``export.json`` records each graph's SHA-256,
-checked there, and what each graph takes and gives, so the drafter knows its proposal graph
-without opening it. Drafters converted before these were recorded open at construction, as
-ONNX Runtime's load was their check.
+(docs/measurements.md, "Start-up"). A damaged graph is still refused at construction:
+``export.json`` records each graph's SHA-256, checked there, and what each graph takes and
+gives, so the drafter knows its proposal graph without opening it. Drafters converted before
+these were recorded open at construction, as ONNX Runtime's load was their check.
 """
 
 from __future__ import annotations
