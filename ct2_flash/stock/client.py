@@ -211,9 +211,10 @@ class StockEngine:
         self._free: List = []  # shared-memory blocks no request holds
         self._released: List[int] = []  # encoder outputs this side dropped: the worker may too
         self._unmapped: List[str] = []  # blocks this side dropped: the worker unmaps them too
-        # Blocks of requests interrupted while the worker ran them -> those requests: the worker
-        # unmaps such a block once it has answered (it may read or write it until then).
-        self._orphaned: Dict[str, _Call] = {}
+        # Blocks of requests interrupted while the worker ran them -> those requests and the
+        # generation of the worker asked: the worker unmaps such a block once it has answered (it
+        # may read or write it until then), and drops the output an interrupted encode made.
+        self._orphaned: Dict[str, Tuple[_Call, int]] = {}
         self._mapped_by: Dict[str, int] = {}  # block -> generation of the worker that mapped it (then unlinked)
         self._died = False
         forks.forget_parent_in_children(self)
@@ -369,10 +370,13 @@ class StockEngine:
                 self._renew(lease)
                 request = {**request, "block": lease.block.name}
             channel, generation = self._channel, self.generation
-            for name, call in list(self._orphaned.items()):
+            for name, (call, asked) in list(self._orphaned.items()):
                 if call.done.is_set():  # answered: the worker is done with the block
                     del self._orphaned[name]
                     self._unmapped.append(name)
+                    handle = (call.answer or {}).get("handle")
+                    if handle is not None and asked == self.generation:  # an encode nobody here holds
+                        self._released.append(handle)
             released, self._released = self._released, []
             unmapped, self._unmapped = self._unmapped, []
             started = time.perf_counter()
@@ -392,7 +396,7 @@ class StockEngine:
         except BaseException:  # KeyboardInterrupt: the worker goes on with the request
             if "block" in request:  # and may still read or write its block: not for another request
                 with self._lock:
-                    self._orphaned[request["block"]] = call
+                    self._orphaned[request["block"]] = (call, generation)
             raise
         with self._lock:
             timing = self.timings.setdefault(request["op"], [0, 0.0, 0.0])
