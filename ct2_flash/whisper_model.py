@@ -55,6 +55,7 @@ _GREEDY_DEFAULTS: Dict[str, Any] = {
     "return_logits_vocab": False,
 }
 _BEAM_SEARCH = "beam search is not speculative"
+_UNOPENED_DRAFTER = "the drafter could not be opened"
 # The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
 # logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.
 EXACT_COMPUTE_TYPE = "float32"
@@ -168,6 +169,9 @@ class SpeculativeWhisper:
         self._sampling_policies: Dict[Tuple[float, int], CallRouter] = {}
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
+        # A drafter ONNX Runtime could not open (``_drafter_opens``): while it is the decoder's,
+        # every call goes to ``generate()``.
+        self._unopened_drafter: Optional[Drafter] = None
         # What the one beam-search warning tells the user to do (``dropin`` names the client's option).
         self.beam_search_hint = _BEAM_SEARCH_HINT
         # Per thread: the last encoder output, per row how many of its frames hold audio, and
@@ -248,18 +252,19 @@ class SpeculativeWhisper:
             repeatable = options.sampling and self.decoder.seeded
             speculative = policy.speculate(len(prompts)) if self.decoder.adaptive.route_calls and not repeatable else True
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
-        in_loop = speculative and self._loop.acquire(blocking=repeatable)
+        held = in_loop = speculative and self._loop.acquire(blocking=repeatable)
         try:
             if in_loop:
                 # A model deferred until its first use loads here, not in the call the policy times.
                 self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
+                in_loop = speculative = self._drafter_opens()
             with Stopwatch() as watch:
                 if in_loop:
                     results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
                 else:  # speculation measured slower (or is busy): the very call faster-whisper makes
                     results = self.engines.generate(encoder_output, prompts, **kwargs)
         finally:
-            if in_loop:
+            if held:
                 self._loop.release()
         tokens = produced_tokens(results)
         with self._counting:
@@ -274,6 +279,22 @@ class SpeculativeWhisper:
             self.recent.remember(fingerprint, remembered_tokens(
                 decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
         return results
+
+    def _drafter_opens(self) -> bool:
+        """Open the drafter before the loop's first window (the loop lock is held). One that
+        passed its checks at construction and still cannot be opened (a hand-edited export, a
+        broken ONNX Runtime) is set aside with one warning, and this call and every later one
+        goes to ``generate()``: the same tokens, rather than an error mid-transcription."""
+        drafter = self.decoder.drafter
+        try:
+            drafter.prepare()
+            return True
+        except CheckpointError as error:
+            self._unopened_drafter = drafter
+            self._fallback_reasons_logged.add(_UNOPENED_DRAFTER)
+            logger.warning("ct2-flash: %s (%s); using CTranslate2's own generate() for every call from now on "
+                           "(the same tokens, without speculation)", _UNOPENED_DRAFTER, error)
+            return False
 
     def detect_language(self, features, *args, **kwargs):
         return self.engines.detect_language(features, *args, **kwargs)
@@ -331,6 +352,8 @@ class SpeculativeWhisper:
             return _BEAM_SEARCH
         if self.inexact_reason is not None:
             return self.inexact_reason
+        if self._unopened_drafter is not None and self._unopened_drafter is self.decoder.drafter:
+            return _UNOPENED_DRAFTER
         sampling = kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0
         if kwargs.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
             return "several hypotheses without sampling are not speculative"

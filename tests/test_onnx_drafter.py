@@ -1,6 +1,7 @@
 """The exported draft round: converter round trip, ONNX Runtime against PyTorch, bad files."""
 
 import dataclasses
+import logging
 import json
 import os
 import shutil
@@ -183,6 +184,18 @@ def test_bad_files_fail_at_load_with_the_file_and_the_fix(converted, model_path,
         OnnxDrafter(foreign, model_path)
 
 
+def test_a_missing_onnx_runtime_is_refused_at_construction(converted, model_path, monkeypatch):
+    """The graphs open only before the loop's first window, so a missing ONNX Runtime is asked
+    about at construction, where the error belongs."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "onnxruntime"
+                        else find_spec(name, *args))
+    with pytest.raises(ImportError, match="pip install onnxruntime"):
+        OnnxDrafter(converted[0], model_path)
+
+
 def test_the_graphs_open_at_the_first_window(converted, model_path):
     out, _ = converted
     drafter = OnnxDrafter(out, model_path)
@@ -192,6 +205,42 @@ def test_the_graphs_open_at_the_first_window(converted, model_path):
     assert drafter._sessions_open
     drafter.advance(np.zeros((1, 384), np.float32), 2)
     assert len(drafter.propose([50257, 50362], 4).tokens) <= 4
+
+
+def test_a_drafter_onnx_runtime_cannot_open_leaves_the_model_decoding(float32_pair, clips, converted, model_path,
+                                                                     tmp_path, caplog):
+    """Graphs that pass the construction's checks (their digests recorded anew, as a hand edit
+    would) but that ONNX Runtime cannot open: the first call about to run the loop warns once
+    and goes to generate(), as does every later call with that drafter; nothing raises mid-
+    transcription, and the segments are faster-whisper's."""
+    out, manifest = converted
+    unreadable = _copy(out, tmp_path, "unreadable")
+    propose = manifest.graphs["int8"]["propose"]
+    with open(os.path.join(unreadable, propose), "wb") as graph:
+        graph.write(b"not an ONNX graph")
+    record = json.load(open(os.path.join(unreadable, EXPORT_FILE)))
+    record["digests"]["int8"]["propose"] = file_digest(os.path.join(unreadable, propose))
+    json.dump(record, open(os.path.join(unreadable, EXPORT_FILE), "w"))
+    drafter = OnnxDrafter(unreadable, model_path)  # passes: the digests match, nothing is opened
+    with pytest.raises(CheckpointError, match=rf"cannot load drafter graph .*{propose}"):
+        OnnxDrafter(unreadable, model_path).prepare()
+
+    flash = float32_pair.flash
+    names = ("clip03_rms.ogg", "clip08_slt.ogg")
+    with flash.use_drafter(drafter), caplog.at_level(logging.WARNING, logger="ct2_flash"):
+        flash.reset_spec_stats()
+        for name in names:
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+        stats = flash.spec_stats
+        assert stats.proposed == 0 and stats.fallback_calls >= len(names)
+    warnings = [r.getMessage() for r in caplog.records if "could not be opened" in r.getMessage()]
+    assert len(warnings) == 1 and propose in warnings[0]
+    # Another drafter in its place drafts again.
+    with flash.use_drafter(OnnxDrafter(out, model_path)):
+        flash.reset_spec_stats()
+        assert segments_of(flash, clips[names[0]], beam_size=1) == float32_pair.reference(names[0], clips[names[0]],
+                                                                                          beam_size=1)
+        assert flash.spec_stats.proposed > 0
 
 
 def test_model_runs_a_converted_directory_without_pytorch_modules(converted, model_path):

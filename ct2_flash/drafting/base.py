@@ -164,6 +164,10 @@ class Drafter(abc.ABC):
     wants_position: bool = False
     proposes_prefixes: bool = False
 
+    def prepare(self) -> None:
+        """Open what the drafter runs on, once, before its first window (the model calls it
+        where the loop is about to run). ``CheckpointError`` where that cannot be done."""
+
     @abc.abstractmethod
     def begin(self, window: DraftWindow) -> None:
         """Start a new sequence on a new window (drop all per-sequence caches)."""

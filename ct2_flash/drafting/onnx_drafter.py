@@ -17,18 +17,23 @@ graphs (dynamic quantisation of the weights) are the default on CPU, where a rou
 memory traffic. Proposals are only suggestions: precision changes speed and acceptance, never
 the output.
 
-ONNX Runtime opens the graphs at the first window (``begin``), not when the drafter is made:
+ONNX Runtime opens the graphs where the loop is first about to run (``prepare``, which the
+model calls before the call's first window; ``begin`` otherwise), not when the drafter is made:
 most calls never reach the loop (beam search, int8, the policy's choice), and importing ONNX
 Runtime and opening three sessions was the larger part of a float32 model's build
 (docs/measurements.md, "Start-up"). A damaged graph is still refused at construction:
 ``export.json`` records each graph's SHA-256, checked there, and what each graph takes and
 gives, so the drafter knows its proposal graph without opening it. Drafters converted before
-these were recorded open at construction, as ONNX Runtime's load was their check.
+these were recorded open at construction, as ONNX Runtime's load was their check. Where the
+graphs pass both checks and ONNX Runtime still cannot open them (an ``export.json`` edited by
+hand, a broken ONNX Runtime), ``prepare`` raises, and the model decodes with CTranslate2's own
+``generate()`` from then on, with a warning: the same tokens, nothing lost mid-transcription.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -195,6 +200,7 @@ class OnnxDrafter(Drafter):
     Raises:
         CheckpointError: missing or unreadable files, with the command that rewrites them.
         DrafterMismatchError: the drafter was trained for another target.
+        ImportError: ONNX Runtime is not installed.
     """
 
     needs_states = True
@@ -202,6 +208,8 @@ class OnnxDrafter(Drafter):
     def __init__(self, directory: str, model_path: str, precision: str = "int8", min_confidence: float = 0.1,
                  threads: int = 1, device: str = "cpu", audio_window: Optional[Tuple[int, int]] = AUDIO_WINDOW) -> None:
         check_round_options(precision, PRECISIONS, min_confidence, threads)
+        if importlib.util.find_spec("onnxruntime") is None:  # imported only when the graphs open
+            raise ImportError("a converted drafter runs in ONNX Runtime, which is not installed: pip install onnxruntime")
         self.audio_window = check_audio_window(audio_window)
         self.wants_position = audio_window is not None
         config: DrafterConfig = read_config(directory)
@@ -236,7 +244,7 @@ class OnnxDrafter(Drafter):
         else:
             # Converted before digests and interfaces were recorded, or by a newer converter:
             # ONNX Runtime's load is the check, so it comes now.
-            self._open()
+            self.prepare()
             propose = graph_interface(self._propose)
         # Graphs converted before proposals had a length take the anchor's position alone and
         # always compute K rows; current ones compute as many rows as ``positions`` has.
@@ -262,7 +270,7 @@ class OnnxDrafter(Drafter):
         self._history_start = 0  # text position of history row 0
         self._cache_length = 0  # the target's cache length = the next anchor's position
 
-    def _open(self) -> None:
+    def prepare(self) -> None:
         """Open the graphs in ONNX Runtime, once (the module docstring says when)."""
         if self._sessions_open:
             return
@@ -273,7 +281,7 @@ class OnnxDrafter(Drafter):
         self._sessions_open = True
 
     def begin(self, window: DraftWindow) -> None:
-        self._open()
+        self.prepare()
         encoder_output = np.ascontiguousarray(window.drafter_audio(), dtype=np.float32)[None]
         # Held here: the binding points at these arrays for the whole window.
         self._audio_kv = self._audio.run(self._audio_names, {"encoder_output": encoder_output})
