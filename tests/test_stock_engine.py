@@ -468,10 +468,31 @@ def test_a_block_that_shared_memory_cannot_hold_is_refused_at_once(monkeypatch, 
             with pytest.raises(OSError, match="No space"):
                 blocks.create(1 << 20)
         else:
-            blocks.array(blocks.create(1 << 20).name, (4,))[...] = 1.0
+            block = blocks.create(1 << 20)
+            np.ndarray((4,), np.float32, buffer=block.buf)[...] = 1.0
+            del block
     finally:
         blocks.close()
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_a_block_smaller_than_its_array_is_refused_by_the_worker(model_path):
+    """The worker reads and writes blocks by address (it has no numpy to check a view's size):
+    a block smaller than the array a request names is an error answer, not a write past the
+    mapping, and the worker goes on serving."""
+    engine = StockEngine(model_path, "float32", 1)
+    try:
+        encoding = engine.encode(np.zeros((1, 80, 3000), np.float32))
+        for request, about in (({"op": "fetch"}, encoding), ({"op": "encode", "shape": [1, 80, 3000]}, None)):
+            lease = client._Lease(engine._blocks.create(1024))
+            try:
+                with pytest.raises(RuntimeError, match="holds 1024 bytes"):
+                    engine._ask(request, about, lease)
+            finally:
+                engine._drop(lease.block.name)
+        assert engine.fetch(encoding).shape == (1, 1500, 384) and engine.restarts == 0
+    finally:
+        engine.close()
 
 
 def test_close_leaves_a_block_mapped_while_a_request_holds_it(model_path):

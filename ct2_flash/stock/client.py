@@ -228,7 +228,7 @@ class StockEngine:
         """Encode [batch, n_mels, frames] float32 features; the output stays in the worker."""
         features = np.ascontiguousarray(features, dtype=np.float32)
         with self._block(features.nbytes) as lease:
-            self._blocks.array(lease.block.name, features.shape)[...] = features
+            self._array(lease.block.name, features.shape)[...] = features
             answer, generation = self._ask({"op": "encode", "shape": list(features.shape)}, lease=lease)
         return RemoteEncoding(self, answer["handle"], generation, answer["shape"], features)
 
@@ -236,7 +236,7 @@ class StockEngine:
         """[batch, frames, d_model] float32: a copy of the encoder output, for the loop."""
         with self._block(int(np.prod(encoding.shape)) * 4) as lease:
             answer, _ = self._ask({"op": "fetch"}, encoding, lease)
-            return np.array(self._blocks.array(lease.block.name, answer["shape"]))
+            return np.array(self._array(lease.block.name, answer["shape"]))
 
     def generate(self, encoding: RemoteEncoding, prompts, options: dict) -> List[GenerationResult]:
         """``Whisper.generate`` there, one result per row."""
@@ -332,6 +332,10 @@ class StockEngine:
                     self._drop(name)
                 else:
                     self._free.append(lease.block)
+
+    def _array(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """The float32 array of ``shape`` at the start of block ``name`` (a view, no copy)."""
+        return np.ndarray(tuple(shape), dtype=np.float32, buffer=self._blocks.map(name).buf)
 
     def _create(self, size: int):
         """A new block (the lock is held)."""

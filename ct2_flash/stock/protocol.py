@@ -1,20 +1,21 @@
 """The worker's wire format: one JSON object per line each way, arrays in shared memory.
 
 Shared by both sides, so it imports nothing from ct2_flash: the worker loads it by file path
-next to stock ``ctranslate2``. A request names a shared-memory block and the shape of the
-float32 array in it; the other side maps it without copying. JSON lines cost ~0.1 ms for the
-small rest (prompts, tokens, options), and no array is ever pickled.
+next to stock ``ctranslate2``. Nor does it import numpy, which the worker does without: the
+worker's start is on the path of a process's first call, and numpy's import was a large
+share of it (docs/measurements.md, "Start-up"). A request names a shared-memory block and the shape of the float32 array in it; the other
+side maps it without copying. JSON lines cost ~0.1 ms for the small rest (prompts, tokens,
+options), and no array is ever pickled.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 from multiprocessing import resource_tracker, shared_memory
-from typing import Dict, Sequence, Set
-
-import numpy as np
+from typing import Dict, Set
 
 
 def encode(message: dict) -> bytes:
@@ -22,12 +23,12 @@ def encode(message: dict) -> bytes:
 
 
 def _plain(value):
-    """numpy scalars and arrays (callers pass them in options and tokens) as JSON values."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    """numpy scalars and arrays (callers pass them in options and tokens) as JSON values: both
+    have ``tolist()`` (a scalar's gives the Python number)."""
+    tolist = getattr(value, "tolist", None)
+    if tolist is None:
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    return tolist()
 
 
 def decode(line: bytes) -> dict:
@@ -85,9 +86,17 @@ class Blocks:
             self._open[name] = block
         return block
 
-    def array(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        """The float32 array of ``shape`` at the start of block ``name`` (a view, no copy)."""
-        return np.ndarray(tuple(shape), dtype=np.float32, buffer=self.map(name).buf)
+    def address(self, name: str, size: int) -> int:
+        """Where block ``name`` is mapped in this process (valid until ``drop``), for ``size``
+        bytes from its start: ``ValueError`` where the block is smaller."""
+        block = self.map(name)
+        if size > block.size:
+            raise ValueError(f"block {name} holds {block.size} bytes, not {size}")
+        view = ctypes.c_char.from_buffer(block.buf)
+        try:
+            return ctypes.addressof(view)
+        finally:
+            del view  # the buffer is exported while it lives, and the block could not be closed
 
     def __contains__(self, name: str) -> bool:
         return name in self._open

@@ -3,8 +3,10 @@
 Started by ``client.StockEngine`` as ``python worker.py STOCK_DIR``; ``STOCK_DIR`` goes first on
 ``sys.path`` so that ``import ctranslate2`` finds the stock release, not the patched runtime of
 the environment. It imports nothing from ct2_flash, whose import would load the patched
-runtime. Requests, one JSON line each on stdin, each with an "id" that its answer on stdout
-repeats (errors as {"error": ...}):
+runtime, nor numpy: its start is on the path of a process's first call, and arrays reach the
+engine through their address and shape (``_Float32Array``, ``ctypes.memmove``). Requests, one
+JSON line each on stdin, each with an "id" that its answer on stdout repeats (errors as
+{"error": ...}):
 
     {"op": "load", "model": DIR, "compute_type": "int8", "intra_threads": 2, "inter_threads": 1, "seed": null,
      "keep_freed_memory": true}
@@ -30,6 +32,7 @@ case; an older one asked for answers {"error": "unknown handle"} and the client 
 """
 
 import ctypes
+import math
 import os
 import queue
 import signal
@@ -37,8 +40,6 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-
-import numpy as np
 
 KEPT = 32
 # glibc's mallopt parameters.
@@ -117,6 +118,19 @@ def _serve_requests(state: "_State", waiting: "queue.Queue") -> None:
         state.run(*item)
 
 
+_FLOAT32 = "<f4"  # numpy's array-interface name of little-endian float32
+
+
+class _Float32Array:
+    """A C-contiguous float32 array of ``shape`` at ``address``, as ``StorageView.from_array``
+    reads one (the array interface), without numpy: this process never imports it, to start
+    sooner (``protocol``'s docstring)."""
+
+    def __init__(self, address: int, shape) -> None:
+        self.__array_interface__ = {"shape": tuple(int(n) for n in shape), "typestr": _FLOAT32,
+                                    "data": (address, False), "strides": None, "version": 3}
+
+
 class _State:
     """The model, the encoder outputs it keeps and the shared-memory blocks it has mapped, for
     requests that run on several threads at once (``lock`` guards all but the model's calls)."""
@@ -141,9 +155,10 @@ class _State:
                 self.blocks.map(request["block"])
             return self.outputs.get(request.get("handle"))
 
-    def array(self, name: str, shape):
+    def address(self, name: str, shape) -> int:
+        """Where block ``name`` holds a float32 array of ``shape``."""
         with self.lock:  # mapped by ``take`` already: a lookup
-            return self.blocks.array(name, shape)
+            return self.blocks.address(name, 4 * math.prod(shape))
 
     def run(self, request: dict, encoding) -> None:
         """Serve one request and write its answer."""
@@ -154,10 +169,10 @@ class _State:
                 answer = self._load(request)
             elif op == "encode":
                 # No view of a block outlives the call that uses it (none is alive when the answer
-                # goes): the client may drop the block then, and a view read after the unmap
-                # would crash this process (numpy's views do not keep a mapping alive).
+                # goes): the client may drop the block then, and its address read after the
+                # unmap would crash this process.
                 output = self.model.encode(self.ctranslate2.StorageView.from_array(
-                    self.array(request["block"], request["shape"])))
+                    _Float32Array(self.address(request["block"], request["shape"]), request["shape"])))
                 with self.lock:
                     self.next_handle += 1
                     self.outputs[self.next_handle] = output
@@ -167,9 +182,12 @@ class _State:
             elif encoding is None:
                 answer = {"error": "unknown handle"}
             elif op == "fetch":
-                output = np.asarray(encoding)
-                self.array(request["block"], output.shape)[...] = output
-                answer = {"shape": list(output.shape)}
+                source = encoding.__array_interface__
+                if source["typestr"] != _FLOAT32:
+                    raise TypeError(f"the encoder output is {source['typestr']}, not float32")
+                ctypes.memmove(self.address(request["block"], source["shape"]), source["data"][0],
+                               4 * math.prod(source["shape"]))
+                answer = {"shape": list(source["shape"])}
             elif op == "generate":
                 results = self.model.generate(encoding, request["prompts"], **request["options"])
                 answer = {"results": [{"sequences": r.sequences, "sequences_ids": r.sequences_ids, "scores": r.scores,
