@@ -60,6 +60,8 @@ def test_worker_answers_as_the_patched_runtime_does(model_path, float32_pair, cl
         # The worker's C library keeps freed memory for the next call (worker.keep_freed_memory);
         # every comparison here and below is made with it.
         assert engine.keeps_freed_memory is (platform.libc_ver()[0] == "glibc")
+        # Nor does it import numpy (its start is on the first call's path).
+        assert "_multiarray_umath" not in open(f"/proc/{engine._process.pid}/maps").read()
         local = flash.reference_model.encode(ctranslate2.StorageView.from_array(features))
         np.testing.assert_allclose(engine.fetch(remote), np.asarray(local), rtol=0, atol=1e-4)
         for options in ({"beam_size": 1}, {"beam_size": 5, "return_scores": True}):
