@@ -1,6 +1,6 @@
-"""``import ct2_flash`` does not import PyTorch (``engine.runtime_import``), and the fork's
-converters, which import it, still use it; a float32 model imports ONNX Runtime only when its
-loop first drafts (``drafting.onnx_drafter``)."""
+"""``import ct2_flash`` imports neither the fork's converters and specs nor PyTorch
+(``engine.runtime_import``), and the converters, read later, still use it; a float32 model
+imports ONNX Runtime only when its loop first drafts (``drafting.onnx_drafter``)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ import sys
 import numpy as np
 import ct2_flash
 assert "torch" not in sys.modules, "import ct2_flash imported torch"
+deferred = [name for name in ("ctranslate2.converters", "ctranslate2.specs") if name in sys.modules]
+assert not deferred, f"import ct2_flash imported {deferred}"
+import ctranslate2
+assert ctranslate2.converters.TransformersConverter.__name__ == "TransformersConverter"
 from ctranslate2.specs import model_spec
 assert model_spec.torch_is_available
 variable = model_spec.NumpyVariable(np.ones(3, np.float32)).to("bfloat16")

@@ -1,32 +1,30 @@
-"""Import the patched ``ctranslate2`` without importing PyTorch or Transformers.
+"""Import the patched ``ctranslate2`` without its model converters and specs.
 
-The fork (4.7.1) imports its model converters and specs with ``import ctranslate2``, and those
-run ``import torch`` (the specs, the Transformers converter) and ``import transformers`` (the
-converter) wherever the packages are installed: in an environment with PyTorch, importing
-ct2-flash took seconds and memory more than faster-whisper on stock ctranslate2 4.8.5, which
-loads its converters on first use (the figures: docs/measurements.md, "Start-up").
-Inference never needs either package.
+The fork (4.7.1) imports its model converters and specs with ``import ctranslate2``. Inference
+never uses them, and they cost a process that transcribes: they run ``import torch`` (the
+specs, the Transformers converter) and ``import transformers`` (the converter) wherever those
+are installed, which took seconds and memory more than faster-whisper on stock ctranslate2
+4.8.5 (which loads its converters on first use), and without PyTorch their own modules still
+lengthened ``import ct2_flash`` (docs/measurements.md, "Start-up").
 
-So the first import of ``ctranslate2`` runs with stand-ins for the installed ones among them:
-modules that import the real package at the first attribute anyone reads from them. The
-fork's converters bind the stand-in and work unchanged (``torch_is_available`` is still True,
-a ``torch.Tensor`` check imports PyTorch then); once ``ctranslate2`` is imported the stand-ins
-leave ``sys.modules``, so every later ``import torch`` is the real one. A package that is not
-installed gets no stand-in (its ``ImportError`` is the fork's usual path), nor one that is
-imported already (nothing to save), nor any when ``ctranslate2`` was imported before
-ct2-flash (by ``faster_whisper``, say: the cost is paid then).
+So the first import of ``ctranslate2`` runs with stand-ins for ``ctranslate2.converters`` and
+``ctranslate2.specs``: modules that import the real one at the first attribute anyone reads
+from them. The package keeps the stand-ins as its attributes (``ctranslate2.converters.X``
+imports the converters then, PyTorch with them where installed); once ``ctranslate2`` is
+imported they leave ``sys.modules``, so every later ``import ctranslate2.specs...`` is the real
+one. None is used when ``ctranslate2`` was imported before ct2-flash (by ``faster_whisper``,
+say: the cost is paid then).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 import types
 from typing import Dict
 
-# What the fork's converters and specs import at module level and inference never uses.
-DEFERRED = ("torch", "transformers")
+# The fork's submodules that ``import ctranslate2`` imports and inference never uses.
+DEFERRED = ("ctranslate2.converters", "ctranslate2.specs")
 
 
 class DeferredModule(types.ModuleType):
@@ -41,16 +39,14 @@ class DeferredModule(types.ModuleType):
 
 
 def import_runtime() -> types.ModuleType:
-    """``import ctranslate2``, with ``DEFERRED`` packages deferred if it is the first import.
+    """``import ctranslate2``, with ``DEFERRED`` submodules deferred if it is the first import.
 
     Raises:
         ImportError: as ``import ctranslate2`` does.
     """
     if "ctranslate2" in sys.modules:
         return importlib.import_module("ctranslate2")
-    stand_ins: Dict[str, DeferredModule] = {
-        name: DeferredModule(name) for name in DEFERRED
-        if name not in sys.modules and importlib.util.find_spec(name) is not None}
+    stand_ins: Dict[str, DeferredModule] = {name: DeferredModule(name) for name in DEFERRED}
     sys.modules.update(stand_ins)
     try:
         return importlib.import_module("ctranslate2")
