@@ -622,6 +622,21 @@ def test_a_forked_child_gets_a_worker_of_its_own_and_leaves_the_parents_alone(mo
         engine.close()
 
 
+def _interrupt_in_the_wait(worker: int, request) -> None:
+    """Run ``request`` with the worker stopped (so that it waits until the interrupt has come)
+    and Ctrl-C this process in its wait; the worker goes on after."""
+    os.kill(worker, signal.SIGSTOP)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            request()
+    finally:
+        timer.cancel()  # if the request ended some other way first
+        timer.join()
+        os.kill(worker, signal.SIGCONT)
+
+
 def test_ctrl_c_interrupts_the_callers_wait_and_leaves_the_worker_serving(model_path):
     """Ctrl-C at a terminal goes to the whole process group. The worker ignores it: it goes on
     (no restart, its outputs kept). The caller's wait ends at once with KeyboardInterrupt; the
@@ -636,16 +651,7 @@ def test_ctrl_c_interrupts_the_callers_wait_and_leaves_the_worker_serving(model_
         expected = engine.fetch(encoding)
         worker, held = engine._process.pid, engine._free[0].name
         os.kill(worker, signal.SIGINT)
-        os.kill(worker, signal.SIGSTOP)  # the next request waits until the interrupt has come
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                engine.fetch(encoding)
-        finally:
-            timer.cancel()  # if the request ended some other way first
-            timer.join()
-            os.kill(worker, signal.SIGCONT)
+        _interrupt_in_the_wait(worker, lambda: engine.fetch(encoding))
         assert engine._free == [] and held not in engine._blocks and held in engine._orphaned
         assert np.array_equal(engine.fetch(engine.encode(features)), expected)
         assert np.array_equal(engine.fetch(encoding), expected)
@@ -668,17 +674,7 @@ def test_an_interrupted_encode_leaves_no_output_in_the_worker(model_path):
     try:
         features = np.random.default_rng(2).standard_normal((1, 80, 3000)).astype(np.float32)
         kept = engine.encode(features)
-        worker = engine._process.pid
-        os.kill(worker, signal.SIGSTOP)
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                engine.encode(features)
-        finally:
-            timer.cancel()
-            timer.join()
-            os.kill(worker, signal.SIGCONT)
+        _interrupt_in_the_wait(engine._process.pid, lambda: engine.encode(features))
         [(call, _)] = engine._orphaned.values()
         assert call.done.wait(60) and "handle" in call.answer
         lost = RemoteEncoding(engine, call.answer["handle"], engine.generation, call.answer["shape"], features)
