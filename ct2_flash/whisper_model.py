@@ -1,9 +1,9 @@
-"""The faster-whisper adapter: ``FlashWhisperModel`` and the runtime proxy behind it.
+"""The faster-whisper adapter: ``FlashWhisperModel``.
 
 faster-whisper routes every model call through ``WhisperModel.model`` (encode, generate,
 detect_language, align). ``FlashWhisperModel`` replaces that attribute with
-``SpeculativeWhisper``, which forwards everything to the CTranslate2 model except greedy
-``generate()`` rows, which it decodes with the speculative loop. ``transcribe()`` and
+``SpeculativeWhisper`` (``speculative_whisper.py``), which forwards everything to the engines
+except greedy and sampled ``generate()`` rows, which it may decode with the speculative loop. ``transcribe()`` and
 ``BatchedInferencePipeline`` are inherited unchanged, so every option they implement (VAD,
 word timestamps, prompts, fallback, long audio) behaves as in faster-whisper.
 """
@@ -14,86 +14,38 @@ import contextlib
 import inspect
 import logging
 import os
-import threading
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, ContextManager, Optional, Union
 
 import ctranslate2
 import faster_whisper
 import numpy as np
 from faster_whisper import WhisperModel
 
-from ct2_flash.audio import check_features, checked_audio
-from ct2_flash.runtime.clock import Stopwatch
+from ct2_flash.audio import checked_audio
 from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
 from ct2_flash.runtime.draft_lengths import DraftLengths
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_adapted
-from ct2_flash.drafting.base import Drafter, DecodingOptions, PromptLookupDrafter, audio_frames
+from ct2_flash.drafting.base import Drafter, PromptLookupDrafter
 from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
 from ct2_flash.engine.models import embedded_name, resolve_model
-from ct2_flash.routing import CallRouter, EngineRouter, produced_tokens
-from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
-from ct2_flash.drafting.hypothesis import HypothesisDrafter
+from ct2_flash.routing import CallRouter, EngineRouter
 from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import PromptLayout, TargetRuntime, host_array, on_device_of
+from ct2_flash.runtime.target import TargetRuntime
 from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 from ct2_flash.stock.location import installed as stock_installed
 from ct2_flash.engines import Engines
+from ct2_flash.speculative_whisper import SpeculativeWhisper, inexact_reason
 from ct2_flash.thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
-
-# generate() options whose defaults make a call plain greedy decoding (CTranslate2 defaults
-# beam_size to 5, so it must be given explicitly).
-_GREEDY_DEFAULTS: Dict[str, Any] = {
-    "asynchronous": False,
-    "repetition_penalty": 1,
-    "no_repeat_ngram_size": 0,
-    "return_logits_vocab": False,
-}
-_BEAM_SEARCH = "beam search is not speculative"
-_UNOPENED_DRAFTER = "the drafter could not be opened"
-# The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
-# logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.
-EXACT_COMPUTE_TYPE = "float32"
-
-
-def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> Optional[str]:
-    """Why the loop may not run at ``compute_type`` on ``device`` (None: it may), the one place
-    that decides."""
-    if near_exact:
-        return None
-    if device != "cpu":
-        # The float32 guard margin and the row scores follow CTranslate2's CPU kernels; a GPU's
-        # passes round differently (docs/usage.md, "On a GPU").
-        return f"on {device} the loop's exactness is not established, so the loop would not be exact"
-    if compute_type == EXACT_COMPUTE_TYPE:
-        return None
-    return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
-
-
-_BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy decoding)"
-_INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
-                 "most windows but not all: docs/exactness.md)")
-_DEVICE_HINT = " (near_exact=True runs the loop anyway: docs/usage.md, \"On a GPU\")"
-_OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
-                 "sampling_topk", "sampling_temperature", "num_hypotheses")
 
 # Default guard margins (logits). float32 rows are within 5e-5 of single steps; at int8 2.0 is
 # where identity stops improving (bench/results/earlier/guard_margin/int8.json).
 FLOAT32_GUARD = 1e-3
 QUANTIZED_GUARD = 2.0
-# Re-decodes (``SpeculativeWhisper.redecode_policy``): calls measured in the loop before
-# generate() is, and the interval between probes of the loser, whatever their cost. Which way
-# wins changes as a buffer grows: the previous hypothesis covers more of it. On the 94 s test
-# clip's buffers at float32 (AMD EPYC, tiny.en) the loop's cost per token fell from 2x
-# generate()'s at 3 s to 0.65x at 25 s (whole transcribe 0.80 s against 1.10 s), so the loser
-# is probed every few calls, and one short first call does not decide alone.
-REDECODE_LOOP_FIRST = 3
-REDECODE_PROBE_INTERVAL = 4
 # decoder_threads="auto" splits off a one-thread decoder for models up to this width.
 AUTO_SPLIT_MAX_WIDTH = 512
 
@@ -126,248 +78,6 @@ def constructor_signature(own: Callable, options: Optional[Callable] = None) -> 
             for p in theirs if p.kind is not Parameter.VAR_KEYWORD and p.name not in taken]
     tail = [p for p in theirs if p.kind is Parameter.VAR_KEYWORD]
     return inspect.Signature(head + ours + tail)
-
-
-@dataclass
-class FlashGenerationResult:
-    """Stands in for ``ctranslate2.models.WhisperGenerationResult`` (one hypothesis)."""
-
-    sequences: List[List[str]]
-    sequences_ids: List[List[int]]
-    scores: List[float] = field(default_factory=list)
-    no_speech_prob: float = 0.0
-
-
-class SpeculativeWhisper:
-    """A ``ctranslate2.models.Whisper`` whose ``generate()`` with ``beam_size=1`` (greedy or
-    sampling) may run speculatively.
-
-    ``policy`` decides per greedy call (when the decoder is adaptive) whether the rows go
-    through the speculative loop or to the wrapped model's own ``generate()``; sampled calls
-    have a policy per temperature (``policy_for``), since how often the target agrees with a
-    draft depends on it. Every attribute not defined here is the wrapped model's.
-
-    Thread safety: faster-whisper's ``num_workers`` lets several threads call ``generate()`` on
-    one model. The loop holds one drafter's per-window caches and one decoder, so one call at a
-    time runs in it; a call that finds it busy goes to CTranslate2's ``generate()`` (the same
-    tokens under greedy decoding; under sampling the same distribution, though a seeded model
-    waits for the loop instead, to keep its draws) rather than wait. Counters are updated
-    under a lock.
-    """
-
-    def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
-                 policy: Optional[CallRouter] = None, near_exact: bool = False,
-                 engines: Optional[Engines] = None, redecodes: bool = True) -> None:
-        self._model = model
-        self.decoder = decoder
-        # Where encoder outputs and the calls outside the loop run (stock engine or patched).
-        self.engines = engines or Engines(model)
-        # Where the loop's passes are not single steps' computation, only an opt-in runs it.
-        self._device = getattr(decoder.runtime.model, "device", "cpu")  # "cpu" or "cuda", fixed with the model
-        self.inexact_reason = inexact_reason(decoder.runtime.model.compute_type, near_exact, self._device)
-        self.policy = policy or CallRouter()
-        self._sampling_policies: Dict[Tuple[float, int], CallRouter] = {}
-        self._vocabulary = vocabulary
-        self._fallback_reasons_logged: set = set()
-        # A drafter ONNX Runtime could not open (``_drafter_opens``): while it is the decoder's,
-        # every call goes to ``generate()``.
-        self._unopened_drafter: Optional[Drafter] = None
-        # What the one beam-search warning tells the user to do (``dropin`` names the client's option).
-        self.beam_search_hint = _BEAM_SEARCH_HINT
-        # Per thread: the last encoder output, per row how many of its frames hold audio, and
-        # the fingerprint of a one-row window.
-        self._encoded_audio = threading.local()
-        # Per thread, the last windows decoded greedily: a re-decode of the same audio (a
-        # streaming client's growing buffer) is offered its previous hypothesis, and judged by
-        # a policy of its own, since how well the loop pays differs from fresh audio.
-        self.recent = RecentWindows() if redecodes else None
-        self.redecode_policy = CallRouter(
-            loop_first=REDECODE_LOOP_FIRST, min_probe_interval=REDECODE_PROBE_INTERVAL, max_probe_interval=REDECODE_PROBE_INTERVAL,
-            probe_interval=REDECODE_PROBE_INTERVAL, next_probe=REDECODE_PROBE_INTERVAL)
-        self._loop = threading.Lock()  # held by the one call in the speculative loop
-        self._counting = threading.Lock()  # counters and policies touched outside the loop
-
-    def __getattr__(self, name: str):
-        return getattr(self._model, name)
-
-    @property
-    def stats(self) -> SpecStats:
-        return self.decoder.stats
-
-    def encode(self, features, to_cpu: bool = False):
-        check_features(features)
-        with Stopwatch() as watch:
-            output = self.engines.encode(features, to_cpu=to_cpu)
-        with self._counting:
-            self.stats.encoder_seconds += watch.seconds
-        fingerprint = window_fingerprint(features) if self.recent is not None else None
-        self._encoded_audio.last = (output, audio_frames(features), fingerprint)
-        return output
-
-    def policy_for(self, options: DecodingOptions) -> CallRouter:
-        """The policy that decides calls decoded with ``options`` (one per temperature and top-k)."""
-        if not options.sampling:
-            return self.policy
-        key = (options.sampling_temperature, options.sampling_topk)
-        return self._sampling_policies.setdefault(key, CallRouter())
-
-    def generate(self, features, prompts, **kwargs):
-        """CTranslate2's ``Whisper.generate``; calls with ``beam_size=1`` run speculatively,
-        row by row and hypothesis by hypothesis."""
-        reason = self._fallback_reason(prompts, kwargs)
-        if reason is not None:
-            if reason not in self._fallback_reasons_logged:
-                self._fallback_reasons_logged.add(reason)
-                # A user who only swapped the class (faster-whisper's transcribe() defaults to
-                # beam_size=5) or runs on a GPU gets no speculation at all: warn, and say how.
-                # int8 on the CPU is the usual faster-whisper setting, exact and faster as it is
-                # (the worker's encoder), and float32 would be slower there: INFO, with the options.
-                if reason == _BEAM_SEARCH:
-                    log, hint = logger.warning, self.beam_search_hint
-                elif reason == self.inexact_reason and self._device != "cpu":
-                    log, hint = logger.warning, _DEVICE_HINT
-                elif reason == self.inexact_reason:
-                    log, hint = logger.info, _INEXACT_HINT
-                else:
-                    log, hint = logger.info, ""
-                log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint)
-            with self._counting:
-                self.stats.fallback_calls += 1
-            return self.engines.generate(self._encoded(features), prompts, **kwargs)
-
-        options = DecodingOptions(  # bad options raise here, before anything is decoded
-            suppress_tokens=tuple(int(t) for t in kwargs.get("suppress_tokens", (-1,))),
-            **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
-        )
-        encoder_output = self._encoded(features)
-        # A greedy call on one window that this thread decoded before: its previous hypothesis.
-        fingerprint = None if options.sampling else self._fingerprint(encoder_output)
-        previous = None if fingerprint is None else self.recent.recall(fingerprint)
-        # Without adaptive (and while tests swap drafters in) every call drafts.
-        with self._counting:
-            self.stats.redecodes += int(previous is not None)
-            policy = self.redecode_policy if previous is not None else self.policy_for(options)
-            # A seeded model samples in the loop only: which way a call goes depends on
-            # timings, and the loop's draws do not (CTranslate2's would differ).
-            repeatable = options.sampling and self.decoder.seeded
-            speculative = policy.speculate(len(prompts)) if self.decoder.adaptive.route_calls and not repeatable else True
-        # Another thread in the loop: this call takes CTranslate2's way rather than wait.
-        held = in_loop = speculative and self._loop.acquire(blocking=repeatable)
-        try:
-            if in_loop:
-                # A model deferred until its first use loads here, not in the call the policy times.
-                self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
-                in_loop = speculative = self._drafter_opens()
-            with Stopwatch() as watch:
-                if in_loop:
-                    results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
-                else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                    results = self.engines.generate(encoder_output, prompts, **kwargs)
-        finally:
-            if held:
-                self._loop.release()
-        tokens = produced_tokens(results)
-        with self._counting:
-            if not in_loop:
-                self.stats.generate_rows += len(prompts)
-                self.stats.generate_seconds += watch.seconds
-                self.stats.busy_calls += int(speculative)
-            policy.record(in_loop, len(prompts), watch.seconds, tokens)
-        if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
-            layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
-            decoded = results[0].sequences_ids[0]
-            self.recent.remember(fingerprint, remembered_tokens(
-                decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
-        return results
-
-    def _drafter_opens(self) -> bool:
-        """Open the drafter before the loop's first window (the loop lock is held). One that
-        passed its checks at construction and still cannot be opened (a hand-edited export, a
-        broken ONNX Runtime) is set aside with one warning, and this call and every later one
-        goes to ``generate()``: the same tokens, rather than an error mid-transcription."""
-        drafter = self.decoder.drafter
-        try:
-            drafter.prepare()
-            return True
-        except CheckpointError as error:
-            self._unopened_drafter = drafter
-            self._fallback_reasons_logged.add(_UNOPENED_DRAFTER)
-            logger.warning("ct2-flash: %s (%s); using CTranslate2's own generate() for every call from now on "
-                           "(the same tokens, without speculation)", _UNOPENED_DRAFTER, error)
-            return False
-
-    def detect_language(self, features, *args, **kwargs):
-        return self.engines.detect_language(features, *args, **kwargs)
-
-    def align(self, features, start_sequence, text_tokens, num_frames, median_filter_width: int = 7):
-        return self.engines.align(features, start_sequence, text_tokens, num_frames, median_filter_width)
-
-    def _fingerprint(self, encoder_output) -> Optional[Fingerprint]:
-        """The fingerprint of the one-row window this thread encoded as ``encoder_output``."""
-        encoded, _, fingerprint = getattr(self._encoded_audio, "last", (None, None, None))
-        return fingerprint if encoded is encoder_output else None
-
-    def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
-                          previous: Optional[Sequence[int]] = None) -> list:
-        """The rows of a call decoded in the loop; ``previous``: the previous hypothesis of a
-        one-row call's window, offered by a ``HypothesisDrafter`` around the model's drafter."""
-        encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
-        frames = frames if encoded is encoder_output else None
-        if previous is not None:
-            drafter = HypothesisDrafter(self.decoder.drafter, self.decoder.runtime.special.timestamp_begin)
-            drafter.remember(previous)
-            with self.decoder.use_drafter(drafter, self.decoder.adaptive):
-                return self._speculative_rows(encoder_output, prompts, options, kwargs)
-        encoder_output = self.engines.local(encoder_output)  # the worker's copy, if it encoded
-        rows = host_array(encoder_output) if len(prompts) > 1 else None
-        results = []
-        for index, prompt in enumerate(prompts):
-            # Rows (and hypotheses) run one at a time: the patched decoder state has batch size 1.
-            row = encoder_output if rows is None else on_device_of(rows[index : index + 1], encoder_output)
-            if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE and self._device == "cpu":
-                self.decoder.confirm_score_isa(row, prompt)  # once per process
-            decoded = [self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
-                       for _ in range(options.num_hypotheses)]
-            # CTranslate2 returns independent samples best score first (a stable sort).
-            decoded.sort(key=lambda result: -result.score)
-            results.append(
-                FlashGenerationResult(
-                    sequences=[[self._vocabulary[t] for t in result.tokens] for result in decoded],
-                    sequences_ids=[result.tokens for result in decoded],
-                    scores=[result.score for result in decoded] if kwargs.get("return_scores", False) else [],
-                    no_speech_prob=decoded[0].no_speech_prob if kwargs.get("return_no_speech_prob", False) else 0.0,
-                )
-            )
-        return results
-
-    def _encoded(self, features):
-        """Encoder output for ``features``, which may already be encoded."""
-        shape = features.shape
-        if len(shape) == 3 and shape[1] == self._model.n_mels and shape[2] != shape[1]:
-            return self.encode(features)
-        return features
-
-    def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
-        if kwargs.get("beam_size", 5) != 1:
-            return _BEAM_SEARCH
-        if self.inexact_reason is not None:
-            return self.inexact_reason
-        if self._unopened_drafter is not None and self._unopened_drafter is self.decoder.drafter:
-            return _UNOPENED_DRAFTER
-        sampling = kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0
-        if kwargs.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
-            return "several hypotheses without sampling are not speculative"
-        for name, default in _GREEDY_DEFAULTS.items():
-            if kwargs.get(name, default) != default:
-                return f"generate(..., {name}={kwargs[name]!r}) is not speculative"
-        unknown = set(kwargs) - set(_GREEDY_DEFAULTS) - set(_OPTION_NAMES) - {
-            "beam_size", "patience", "suppress_tokens", "return_scores", "return_no_speech_prob",
-        }
-        if unknown:
-            return f"generate() options {sorted(unknown)} are not speculative"
-        if any(not isinstance(t, (int, np.integer)) for prompt in prompts for t in prompt):
-            return "prompts given as token strings are not speculative"
-        return None
 
 
 class FlashWhisperModel(WhisperModel):

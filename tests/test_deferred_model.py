@@ -11,7 +11,7 @@ import ctranslate2
 import faster_whisper
 import pytest
 
-from ct2_flash import FlashWhisperModel, available_models, resolve_model, whisper_model
+from ct2_flash import FlashWhisperModel, available_models, resolve_model, speculative_whisper
 from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
@@ -133,12 +133,12 @@ def test_the_loops_first_call_loads_the_model_before_its_timer_starts(model_path
     assert not flash.reference_model.model_is_loaded and runtime._recovery_pinv is None
     ready_when_timed = []
 
-    class Watched(whisper_model.Stopwatch):
+    class Watched(speculative_whisper.Stopwatch):
         def __enter__(self):
             ready_when_timed.append(runtime.model.model_is_loaded and runtime._recovery_pinv is not None)
             return super().__enter__()
 
-    monkeypatch.setattr(whisper_model, "Stopwatch", Watched)
+    monkeypatch.setattr(speculative_whisper, "Stopwatch", Watched)
     list(flash.transcribe(clips["clip00_kal16.ogg"], beam_size=1)[0])
     assert flash.spec_stats.target_calls > 0  # it ran in the loop
     assert ready_when_timed[-1]  # the generate() call's timer (the encoder's came before)

@@ -12,8 +12,8 @@ LAYERS = [
     ("engine", "stock"),          # the CTranslate2 runtimes (patched here, stock in a worker) and model files
     ("drafting",),                # drafters: interface, files, ONNX round, PyTorch network
     ("runtime",),                 # target sequence, logit rules, acceptance, the loop
-    ("audio", "routing", "engines", "redecodes", "thread_split", "whisper_model", "streaming", "dropin",
-     "run_program"),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
+    ("audio", "routing", "engines", "redecodes", "thread_split", "speculative_whisper", "whisper_model", "streaming",
+     "dropin", "run_program"),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
     ("validation",),              # reference drafters, exactness comparisons, fuzzing
     ("benchmark", "train", "converters"),
     ("cli", "outputs", "__init__"),  # the command line and the transcript files only it writes
