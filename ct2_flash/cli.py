@@ -191,16 +191,14 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"  BatchedInferencePipeline batch {section['batch_size']}: whole {speed['speedup']:.2f}x "
                   f"[{speed['low']:.2f}, {speed['high']:.2f}], identical {identity['identical']}/{identity['of']}, "
                   f"rows speculative / generate() {section['speculative_rows']} / {section['generate_rows']}"
-                  + (f"; vs stock: whole {section['speedup_vs_stock']['whole']['speedup']:.2f}x "
-                     f"[{section['speedup_vs_stock']['whole']['low']:.2f}, {section['speedup_vs_stock']['whole']['high']:.2f}], "
-                     f"identical {section['stock_token_identity']['identical']}/{section['stock_token_identity']['of']}"
-                     if section.get("speedup_vs_stock") else ""))
-        if summary["speedup_vs_stock"]:
-            stock = summary["speedup_vs_stock"]
-            same = summary["stock_token_identity"]
-            print(f"  vs stock ctranslate2 {setting['stock_ctranslate2']}: decode {stock['decode']['speedup']:.2f}x "
-                  f"[{stock['decode']['low']:.2f}, {stock['decode']['high']:.2f}], whole {stock['whole']['speedup']:.2f}x "
-                  f"[{stock['whole']['low']:.2f}, {stock['whole']['high']:.2f}], identical {same['identical']}/{same['of']}")
+                  + "".join(f"; vs {label}: whole {_interval(section[f'speedup_vs_{name}']['whole'])}, identical "
+                            f"{section[f'{name}_token_identity']['identical']}/{section[f'{name}_token_identity']['of']}"
+                            for name, label in _stock_labels(setting) if section.get(f"speedup_vs_{name}")))
+        for name, label in _stock_labels(setting):
+            if summary.get(f"speedup_vs_{name}"):
+                versus, same = summary[f"speedup_vs_{name}"], summary[f"{name}_token_identity"]
+                print(f"  vs {label}: decode {_interval(versus['decode'])}, whole {_interval(versus['whole'])}, "
+                      f"identical {same['identical']}/{same['of']}")
         engines = setting.get("engines") or {}
         if engines.get("stock_active"):
             calls = engines["generate_calls"]
@@ -208,6 +206,18 @@ def _bench(args: argparse.Namespace) -> int:
                   f"{calls['patched']}, worker failures {engines['stock_failures']}")
     print(f"wrote {args.out}/bench.json and plots")
     return 0
+
+
+def _interval(speedup: dict) -> str:
+    return f"{speedup['speedup']:.2f}x [{speedup['low']:.2f}, {speedup['high']:.2f}]"
+
+
+def _stock_labels(setting: dict) -> list:
+    """(system, label) for the stock systems of a bench setting: plain, then tuned."""
+    allocators = setting.get("stock_allocators") or {}
+    tuned = allocators.get("tuned_stock", {})
+    return [("stock", f"stock ctranslate2 {setting.get('stock_ctranslate2')}"),
+            ("tuned_stock", f"stock + {tuned.get('asked', 'tuned allocator')} (runs {tuned.get('loaded', '?')})")]
 
 
 def _convert_drafter(args: argparse.Namespace) -> int:

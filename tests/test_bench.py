@@ -11,6 +11,7 @@ import pytest
 from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate
 from ct2_flash.benchmark.manifest import Utterance, from_directory, read_manifest, write_manifest
 from ct2_flash.benchmark.speech_sets import _unpack_mfa, _unpack_pocketsphinx
+from ct2_flash.stock.allocator import find_tcmalloc
 from ct2_flash.stock.location import STOCK_CTRANSLATE2
 
 from .conftest import DATA
@@ -175,12 +176,18 @@ def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
     assert setting["stock_ctranslate2"] == STOCK_CTRANSLATE2
     # Identity covers the word timings too (align() runs in ct2-flash's worker).
     assert [row["words"] > 0 for row in setting["utterances"]] == [True, True]
-    assert setting["summary"]["stock_token_identity"] == {"identical": 2, "of": 2}
-    assert set(setting["summary"]["speedup_vs_stock"]) == {"decode", "whole"}
+    # Stock twice, each in its own process: as installed, and with the tuned allocator, which
+    # its process's memory maps show loaded (tcmalloc where installed, else glibc's variables).
+    tuned = setting["stock_allocators"]["tuned_stock"]
+    assert setting["stock_allocators"]["stock"] == {"asked": "glibc", "loaded": "glibc"}
+    assert tuned["loaded"] == ("tcmalloc" if find_tcmalloc() else "glibc") and tuned["asked"].startswith(tuned["loaded"])
+    for name in ("stock", "tuned_stock"):
+        assert setting["summary"][f"{name}_token_identity"] == {"identical": 2, "of": 2}
+        assert set(setting["summary"][f"speedup_vs_{name}"]) == {"decode", "whole"}
     (batched,) = setting["batched"]
-    assert batched["stock_token_identity"] == {"identical": 2, "of": 2}
-    assert set(batched["audio_seconds_per_second"]) == {"baseline", "flash", "stock"}
-    assert all(row["stock"]["whole"] > 0 for row in batched["utterances"])
+    assert batched["stock_token_identity"] == batched["tuned_stock_token_identity"] == {"identical": 2, "of": 2}
+    assert set(batched["audio_seconds_per_second"]) == {"baseline", "flash", "stock", "tuned_stock"}
+    assert all(row["stock"]["whole"] > 0 and row["tuned_stock"]["whole"] > 0 for row in batched["utterances"])
 
 
 def test_bench_runs_sampling_settings_through_the_loop(tmp_path):

@@ -6,7 +6,8 @@ import os
 from typing import List
 
 
-SYSTEM_NAMES = {"baseline": "faster-whisper, same engine", "flash": "ct2-flash", "stock": "faster-whisper, stock ct2"}
+SYSTEM_NAMES = {"baseline": "faster-whisper, same engine", "flash": "ct2-flash", "stock": "faster-whisper, stock ct2",
+                "tuned_stock": "faster-whisper, stock ct2 + tuned allocator"}
 
 
 def write_plots(document: dict, out_dir: str) -> List[str]:

@@ -1,8 +1,8 @@
 """The timed runs: plain faster-whisper against ``FlashWhisperModel`` on the same audio, greedy
 or at fixed sampling temperatures (``temperatures``).
 
-Both systems (and, with ``--stock``, faster-whisper on stock CTranslate2 in a worker process)
-run on audio decoded once, after a warm-up, interleaved per utterance in every order of the
+Both systems (and, with ``--stock``, faster-whisper on stock CTranslate2 in worker processes:
+plain, ``stock``, and with the allocator an informed user sets, ``tuned_stock``) run on audio decoded once, after a warm-up, interleaved per utterance in every order of the
 systems in turn (slow drift of the machine, and the spinning workers a call leaves behind, hit
 all alike), for several repeats; per utterance the median over repeats is used. The decode part is the time inside
 ``generate()`` (encoder output to last token), the whole path is waveform to segments.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -28,8 +29,14 @@ from ct2_flash.benchmark.stock import StockWorker
 from ct2_flash.benchmark.drafters import ORACLE, build_drafter
 from ct2_flash.engine.models import resolve_model
 from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS
+from ct2_flash.stock.allocator import GLIBC_DEFAULT, tuned_allocator
+
+logger = logging.getLogger("ct2_flash")
 
 SAMPLE_RATE = 16000
+# faster-whisper on stock ctranslate2, each in a process of its own: as installed, and with
+# the allocator a user sets without code (tcmalloc preloaded, else glibc's variables).
+STOCK_SYSTEMS = ("stock", "tuned_stock")
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,31 @@ def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
     return audio
 
 
+def stock_workers(config: BenchConfig, path: str, compute_type: str, threads: int) -> Dict[str, StockWorker]:
+    """The stock systems (``STOCK_SYSTEMS``) as worker processes, none without ``stock_python``."""
+    if not config.stock_python:
+        return {}
+    workers: Dict[str, StockWorker] = {}
+    try:
+        for name, allocator in zip(STOCK_SYSTEMS, (GLIBC_DEFAULT, tuned_allocator())):
+            workers[name] = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path,
+                                        allocator=allocator)
+    except BaseException:
+        for worker in workers.values():
+            worker.close()
+        raise
+    tuned = workers["tuned_stock"]
+    if tuned.allocator.startswith("tcmalloc") and tuned.allocator_loaded != "tcmalloc":
+        logger.warning("ct2-flash bench: the tuned stock system asked for %s, but its process runs %s "
+                       "(the loader refused the preload)", tuned.allocator, tuned.allocator_loaded)
+    return workers
+
+
+def stock_allocators(workers: Dict[str, StockWorker]) -> Dict[str, dict]:
+    """For the report: per stock system, the allocator asked for and the one its process runs."""
+    return {name: {"asked": worker.allocator, "loaded": worker.allocator_loaded} for name, worker in workers.items()}
+
+
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
     # Here, not at the top: the adapter loads faster-whisper and the engine, which reading a
     # manifest or a report does not need.
@@ -148,7 +180,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     path = resolve_model(config.model)
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flash = _flash_model(config, path, compute_type, threads)
-    stock = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path) if config.stock_python else None
+    stocks = stock_workers(config, path, compute_type, threads)
     options = dict(beam_size=1, without_timestamps=config.without_timestamps, word_timestamps=config.word_timestamps,
                    temperature=temperature,
                    best_of=config.best_of)
@@ -158,8 +190,8 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         return measure(flash, samples, **options), dataclasses.replace(flash.spec_stats)
 
     systems = {"baseline": lambda key, samples, seed: measure(baseline, samples, **options), "flash": run_flash}
-    if stock is not None:
-        systems["stock"] = lambda key, samples, seed: stock.measure(key, samples, seed, **options)
+    for name, stock in stocks.items():
+        systems[name] = lambda key, samples, seed, stock=stock: stock.measure(key, samples, seed, **options)
     try:
         first = utterances[0]
         for run_system in systems.values():  # warm-up: first calls allocate and load kernels
@@ -172,7 +204,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         for run in runs:
             run["flash"], run["stats"] = [m for m, _ in run["flash"]], [stats for _, stats in run["flash"]]
     finally:
-        if stock is not None:
+        for stock in stocks.values():
             stock.close()
         flash.model.engines.close()  # its stock worker, if it has one
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
@@ -182,13 +214,15 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             # decoder_threads="auto": the timed choice between the shared model and a one-thread copy
             "decoder_split": {**dataclasses.asdict(flash.decoder_split), "split": flash.decoder_split.split}
             if flash.decoder_split else None,
-            "stock_ctranslate2": stock.version if stock is not None else None,
+            "stock_ctranslate2": stocks["stock"].version if stocks else None,
+            "stock_allocators": stock_allocators(stocks),
             # The stock engine's worker (if on): generate() calls each engine served over the
             # whole setting (warm-up included), and the greedy costs per token it measured.
             "engines": {"stock_active": engines.stock_active, "generate_calls": dict(engines.generate_calls),
                         "patched_cost": engines.policy.patched_cost, "stock_cost": dict(engines.policy.stock_cost),
                         "stock_failures": engines.stock_failures,
                         "keeps_freed_memory": engines.stock.keeps_freed_memory if engines.stock is not None else None,
+                        "allocator": engines.stock.allocator if engines.stock is not None else None,
                         # Per request kind: requests, seconds from send to answer, seconds the
                         # worker spent on them (the difference is the channel: pipes, copies, JSON).
                         "channel": {op: {"requests": n, "round_trip_seconds": trip, "worker_seconds": work}
@@ -211,15 +245,16 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     path = resolve_model(config.model)
     baseline = BatchedInferencePipeline(WhisperModel(path, compute_type=compute_type, cpu_threads=threads))
     flash = BatchedInferencePipeline(_flash_model(config, path, compute_type, threads))
-    stock = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path) if config.stock_python else None
+    stocks = stock_workers(config, path, compute_type, threads)
     sections = []
     try:
         for batch_size in config.batch_sizes:
             options = dict(beam_size=1, batch_size=batch_size, word_timestamps=config.word_timestamps)
             systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
                        for name, pipeline in (("baseline", baseline), ("flash", flash))}
-            if stock is not None:
-                systems["stock"] = lambda key, samples, seed: stock.measure(key, samples, seed, batched=True, **options)
+            for name, stock in stocks.items():
+                systems[name] = (lambda key, samples, seed, stock=stock:
+                                 stock.measure(key, samples, seed, batched=True, **options))
             first = utterances[0]
             for run_system in systems.values():  # warm-up: first calls allocate and load kernels
                 run_system(first.path, audio[first.path], 0)
@@ -227,7 +262,7 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             runs = _interleave(systems, utterances, audio, config.repeats, f"batch {batch_size}", progress)
             sections.append(_batched_section(batch_size, utterances, audio, runs, flash.model.spec_stats))
     finally:
-        if stock is not None:
+        for stock in stocks.values():
             stock.close()
         flash.model.model.engines.close()  # its stock worker, if it has one
     return sections
@@ -237,26 +272,22 @@ def _batched_section(batch_size: int, utterances: Sequence[Utterance], audio: Di
                      runs: List[Dict[str, list]], stats) -> dict:
     """One batch size's report: per utterance the median times of each system, identity
     against faster-whisper on the same engine (and on stock), and the speed-ups over all."""
-    names = [name for name in ("baseline", "flash", "stock") if name in runs[0]]
+    names = [name for name in ("baseline", "flash", *STOCK_SYSTEMS) if name in runs[0]]
     rows = []
     for index, utterance in enumerate(utterances):
         got = runs[index]["flash"]
         rows.append({
             "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
             "identical": all(map(_same, runs[index]["baseline"], got)),
-            **({"stock_identical": all(map(_same, runs[index]["stock"], got))}
-               if "stock" in names else {}),
+            **{f"{name}_identical": all(map(_same, runs[index][name], got)) for name in STOCK_SYSTEMS if name in names},
             **{name: _medians(runs[index][name]) for name in names},
         })
     audio_seconds = sum(r["seconds"] for r in rows)
-    with_stock = "stock" in names
     return {
         "batch_size": batch_size,
         "speedup": _speedups(rows),
-        "speedup_vs_stock": _speedups(rows, "stock") if with_stock else None,
         "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
-        "stock_token_identity": {"identical": sum(r["stock_identical"] for r in rows), "of": len(rows)}
-        if with_stock else None,
+        **_versus_stock(rows),
         "audio_seconds_per_second": {name: audio_seconds / sum(r[name]["whole"] for r in rows) for name in names},
         # over every timed repeat: which way the rows went
         "speculative_rows": stats.generate_calls, "generate_rows": stats.generate_rows,
@@ -329,8 +360,8 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "baseline": _medians(base),
         "flash": {**_medians(flash), "drafter": drafter_seconds, "verify": verify_seconds, "loop": loop_seconds,
                   "generate": generate_seconds},
-        **({"stock": _medians(runs["stock"]),
-            "stock_identical": all(map(_same, runs["stock"], flash))} if runs.get("stock") else {}),
+        **{key: value for name in STOCK_SYSTEMS if runs.get(name)
+           for key, value in ((name, _medians(runs[name])), (f"{name}_identical", all(map(_same, runs[name], flash))))},
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
         "draft_rounds": counts.draft_rounds,
@@ -361,6 +392,19 @@ def _speedups(rows: Sequence[dict], reference: str = "baseline") -> dict:
     }
 
 
+def _versus_stock(rows: Sequence[dict]) -> dict:
+    """Per stock system: ct2-flash's speed-ups against it and its token identity (None
+    without ``--stock``): ``speedup_vs_stock``, ``stock_token_identity``,
+    ``speedup_vs_tuned_stock``, ``tuned_stock_token_identity``."""
+    report = {}
+    for name in STOCK_SYSTEMS:
+        present = bool(rows) and all(name in r for r in rows)
+        report[f"speedup_vs_{name}"] = _speedups(rows, name) if present else None
+        report[f"{name}_token_identity"] = (
+            {"identical": sum(r[f"{name}_identical"] for r in rows), "of": len(rows)} if present else None)
+    return report
+
+
 def summarise(rows: Sequence[dict]) -> dict:
     """Totals over utterances: speedups with 95% intervals, throughput, identity, WER,
     acceptance (overall, first position, by position), per-bucket speedups, time split."""
@@ -373,8 +417,8 @@ def summarise(rows: Sequence[dict]) -> dict:
         proposed[: len(r["proposed_by_position"])] += np.asarray(r["proposed_by_position"], dtype=np.int64)
         accepted[: len(r["accepted_by_position"])] += np.asarray(r["accepted_by_position"], dtype=np.int64)
     systems = {}
-    with_stock = all("stock" in r for r in rows)
-    for system in ("baseline", "flash", *(("stock",) if with_stock else ())):
+    stocks = tuple(name for name in STOCK_SYSTEMS if rows and all(name in r for r in rows))
+    for system in ("baseline", "flash", *stocks):
         whole = sum(r[system]["whole"] for r in rows)
         decode = sum(r[system]["decode"] for r in rows)
         encode = sum(r[system]["encode"] for r in rows)
@@ -395,9 +439,9 @@ def summarise(rows: Sequence[dict]) -> dict:
             "decode_seconds": decode,
             "time_split_seconds": split,
             "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
-            if system != "stock" else None,
+            if system not in STOCK_SYSTEMS else None,
             "wer_interval": word_error_rate_interval([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
-            if system != "stock" else None,
+            if system not in STOCK_SYSTEMS else None,
         }
     buckets = {}
     for label in bucket_labels():
@@ -410,9 +454,8 @@ def summarise(rows: Sequence[dict]) -> dict:
         "audio_seconds": audio_seconds,
         "generated_tokens": tokens,
         "speedup": _speedups(rows),
-        "speedup_vs_stock": _speedups(rows, "stock") if with_stock else None,
         "token_identity": {"identical": sum(r["identical"] for r in rows), "of": len(rows)},
-        "stock_token_identity": {"identical": sum(r["stock_identical"] for r in rows), "of": len(rows)} if with_stock else None,
+        **_versus_stock(rows),
         "acceptance_rate": _ratio(int(accepted.sum()), int(proposed.sum())),
         "tokens_per_target_call": _ratio(sum(r["emitted"] for r in rows), sum(r["target_calls"] for r in rows)),
         "acceptance_by_position": [_ratio(int(a), int(p)) for a, p in zip(accepted, proposed)],

@@ -21,6 +21,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ct2_flash.benchmark.measure import Measurement
+from ct2_flash.stock.allocator import GLIBC_DEFAULT, Allocator, loaded_allocator
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, environment_with, installed, stock_dir
 
 # What `pip install faster-whisper` gives today, pinned so the baseline does not drift.
@@ -75,17 +76,25 @@ class StockWorker:
         model_path, compute_type, threads: as for ``WhisperModel``.
         path: a directory put first on the worker's ``sys.path`` (``local_baseline``), or "".
         num_workers: as for ``WhisperModel``: threads that may share the model (``shared``).
+        allocator: the allocator setting the worker runs under (``allocator.tuned_allocator()``
+            for stock as an informed user tunes it); the default is glibc as it comes.
+
+    Attributes:
+        allocator: what was asked for, ``allocator.describe()``.
+        allocator_loaded: what the worker runs, read from its memory maps ("tcmalloc", "glibc").
     """
 
     def __init__(self, python: str, model_path: str, compute_type: str, threads: int, path: str = "",
-                 num_workers: int = 1) -> None:
+                 num_workers: int = 1, allocator: Allocator = GLIBC_DEFAULT) -> None:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_worker.py")
         self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         env=environment_with(path))
+                                         env=allocator.environment(environment_with(path)))
+        self.allocator = allocator.describe()
         self._scratch = tempfile.TemporaryDirectory(prefix="ct2_flash_stock_")
         self._files: dict = {}
         self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads,
                                   "num_workers": num_workers})["ctranslate2"]
+        self.allocator_loaded = loaded_allocator(self._process.pid)
         if path and self.version != STOCK_CTRANSLATE2:
             self.close()
             raise RuntimeError(f"the worker found ctranslate2 {self.version}, not the stock {STOCK_CTRANSLATE2} in {path}")
