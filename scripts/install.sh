@@ -39,6 +39,21 @@ fi
 # directory of the environment: never on its import path, so the patched runtime stays.
 "$PY" -m ct2_flash.stock >/dev/null
 
+# tcmalloc for the stock engine's worker (ct2_flash/stock/allocator.py): installed from the
+# system's packages where this runs as root with apt-get; otherwise a note says how, and the
+# worker runs glibc's allocator (the same tokens, a slower decode).
+if ! "$PY" -c "import sys; from ct2_flash.stock.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)"; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "install.sh: installing tcmalloc for the stock engine's worker (apt-get install libgoogle-perftools4)"
+    apt-get install -y -q libgoogle-perftools4 >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libgoogle-perftools4 >/dev/null 2>&1; } \
+      || echo "install.sh: could not install libgoogle-perftools4; the worker runs glibc's allocator" >&2
+  else
+    echo "install.sh: tcmalloc is not installed; the stock engine's worker runs glibc's allocator" \
+         "(faster: apt-get install libgoogle-perftools4, or dnf install gperftools-libs)" >&2
+  fi
+fi
+
 if [[ "$clients" == 1 ]]; then
   # The clients ct2-flash run is tested under, in this environment (they run in its
   # interpreter). Their own requirements name faster-whisper and numpy loosely: ct2-flash's

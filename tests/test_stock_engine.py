@@ -14,7 +14,8 @@ import pytest
 
 from ct2_flash import FlashWhisperModel
 from ct2_flash.stock import client, protocol
-from ct2_flash.stock.client import RemoteEncoding, StockEngine
+from ct2_flash.stock.allocator import find_tcmalloc, loaded_allocator
+from ct2_flash.stock.client import RemoteEncoding, StockEngine, worker_allocator
 from ct2_flash.routing import EngineRouter
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
 
@@ -60,6 +61,9 @@ def test_worker_answers_as_the_patched_runtime_does(model_path, float32_pair, cl
         # The worker's C library keeps freed memory for the next call (worker.keep_freed_memory);
         # every comparison here and below is made with it.
         assert engine.keeps_freed_memory is (platform.libc_ver()[0] == "glibc")
+        # It runs tcmalloc where installed (.ci/run installs it), read from its memory maps.
+        expected = "tcmalloc" if find_tcmalloc() else "glibc"
+        assert engine.allocator == expected == loaded_allocator(engine._process.pid)
         # Nor does it import numpy (its start is on the first call's path).
         assert "_multiarray_umath" not in open(f"/proc/{engine._process.pid}/maps").read()
         local = flash.reference_model.encode(ctranslate2.StorageView.from_array(features))
@@ -94,6 +98,17 @@ def test_model_with_the_worker_gives_the_same_segments(stock_flash, float32_pair
         assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options), name
     engines = stock_flash.model.engines
     assert engines.stock.running and engines.stock_failures == 0
+
+
+def test_the_workers_allocator_follows_the_memory_setting_and_the_variable(monkeypatch):
+    monkeypatch.delenv("CT2_FLASH_WORKER_ALLOCATOR", raising=False)
+    assert worker_allocator(keep_freed_memory=True).library == find_tcmalloc()
+    assert worker_allocator(keep_freed_memory=False).library is None  # freed memory goes back: glibc
+    monkeypatch.setenv("CT2_FLASH_WORKER_ALLOCATOR", "glibc")
+    assert worker_allocator(keep_freed_memory=True).library is None
+    monkeypatch.setenv("CT2_FLASH_WORKER_ALLOCATOR", "jemalloc")
+    with pytest.raises(ValueError, match="'tcmalloc' or 'glibc'"):
+        worker_allocator(keep_freed_memory=True)
 
 
 class OnePatched(EngineRouter):

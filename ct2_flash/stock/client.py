@@ -31,6 +31,7 @@ import numpy as np
 
 from ct2_flash.engine import forks
 from ct2_flash.stock import protocol
+from ct2_flash.stock.allocator import GLIBC_DEFAULT, Allocator, tuned_allocator
 from ct2_flash.stock.location import installed, stock_dir
 
 logger = logging.getLogger("ct2_flash")
@@ -41,6 +42,16 @@ MAX_RESTARTS = 3
 # beam search on base takes a few seconds on 2 cores; this only catches a hung worker).
 START_TIMEOUT = 120.0
 REQUEST_TIMEOUT = 300.0
+
+
+def worker_allocator(keep_freed_memory: bool) -> Allocator:
+    """The worker's allocator: tcmalloc where installed, unless freed memory is to go back or
+    ``CT2_FLASH_WORKER_ALLOCATOR=glibc``; otherwise glibc (its settings made by the worker)."""
+    choice = os.environ.get("CT2_FLASH_WORKER_ALLOCATOR", "tcmalloc")
+    if choice not in ("tcmalloc", "glibc"):
+        raise ValueError(f"CT2_FLASH_WORKER_ALLOCATOR={choice!r}: use 'tcmalloc' or 'glibc'")
+    tuned = tuned_allocator()
+    return tuned if choice == "tcmalloc" and keep_freed_memory and tuned.library else GLIBC_DEFAULT
 
 
 class StockUnavailable(RuntimeError):
@@ -185,12 +196,23 @@ class StockEngine:
         keep_freed_memory: have the worker's C library keep what the engine frees, for its
             next call (``worker.keep_freed_memory``: a 20-35% faster encoder, the worker's peak
             memory kept); default on, off with ``CT2_FLASH_WORKER_KEEPS_MEMORY=0``.
+        allocator: the allocator the worker runs under (``allocator.py``); default tcmalloc
+            preloaded where its library is installed and freed memory is kept (the decode's
+            many small allocations are cheaper there than in glibc), else glibc with the
+            settings above; ``CT2_FLASH_WORKER_ALLOCATOR=glibc`` keeps glibc.
+
+    Attributes:
+        allocator: what the worker runs, from its load answer ("tcmalloc", "glibc"), None before.
     """
 
     def __init__(self, model_path: str, compute_type: str, intra_threads: int, inter_threads: int = 1,
-                 seed: Optional[int] = None, directory: str = "", keep_freed_memory: Optional[bool] = None) -> None:
+                 seed: Optional[int] = None, directory: str = "", keep_freed_memory: Optional[bool] = None,
+                 allocator: Optional[Allocator] = None) -> None:
         if keep_freed_memory is None:
             keep_freed_memory = os.environ.get("CT2_FLASH_WORKER_KEEPS_MEMORY", "1") != "0"
+        if allocator is None:
+            allocator = worker_allocator(bool(keep_freed_memory))
+        self._allocator = allocator
         self._load = {"op": "load", "model": os.path.abspath(model_path), "compute_type": compute_type,
                       "intra_threads": intra_threads, "inter_threads": inter_threads, "seed": seed,
                       "keep_freed_memory": bool(keep_freed_memory)}
@@ -201,6 +223,7 @@ class StockEngine:
         self.version: Optional[str] = None
         # Whether the worker's C library keeps freed memory for reuse (worker.keep_freed_memory).
         self.keeps_freed_memory: Optional[bool] = None
+        self.allocator: Optional[str] = None
         self._process: Optional[subprocess.Popen] = None
         self._channel: Optional[_Channel] = None
         self._loading: Optional[_Call] = None  # the load request, until its answer is read
@@ -461,13 +484,18 @@ class StockEngine:
             self._disable(f"the stock engine could not load {self._load['model']}: {answer.get('error')}")
         self.version = answer["version"]
         self.keeps_freed_memory = bool(answer.get("keep_freed_memory"))
+        self.allocator = answer.get("allocator", "glibc")
+        if self._allocator.library and self.allocator != "tcmalloc":
+            logger.info("ct2-flash: the stock engine's worker runs glibc's allocator: the loader refused %s",
+                        self._allocator.library)
 
     def _spawn(self) -> None:
         """A new worker process, asked to load the model (its answer is read by ``_ensure_started``)."""
         self.generation += 1
         self.version = None
         self._process = subprocess.Popen([sys.executable, WORKER, self.directory], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=None)
+                                         stdout=subprocess.PIPE, stderr=None,
+                                         env=self._allocator.environment(os.environ))
         self._channel = _Channel(self._process)
         self._loading = self._channel.send(self._load)
 

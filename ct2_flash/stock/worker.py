@@ -18,7 +18,8 @@ JSON line each on stdin, each with an "id" that its answer on stdout repeats (er
      "median_filter_width": 7}                                         -> {"alignments": [...]}
     {"op": "exit"}   (no answer: as the end of stdin, every request before it answered first)
 
-The load answer says whether freed memory is kept, as asked (``keep_freed_memory``). After it,
+The load answer says whether freed memory is kept, as asked (``keep_freed_memory``), and which
+allocator this process runs ("tcmalloc" where the client preloaded it, else "glibc"). After it,
 up to ``inter_threads`` requests run at once, one per replica of the model, as threads sharing
 the model in-process would (faster-whisper's ``num_workers``); answers come as they finish, so
 in another order than asked. Every answer carries "seconds", the time the request took here.
@@ -77,6 +78,15 @@ def keep_freed_memory() -> bool:
     type freed has gone back. Only this process, which runs nothing but the model, is changed.
     """
     return _mallopt(_M_MMAP_MAX, 0) and _mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
+def allocator() -> str:
+    """"tcmalloc" if the client's preload took (the library is mapped here), else "glibc"."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as stream:
+            return "tcmalloc" if "libtcmalloc" in stream.read() else "glibc"
+    except OSError:
+        return "glibc"
 
 
 def serve(stdin, stdout) -> None:
@@ -223,7 +233,7 @@ class _State:
         # After loading: what the conversion to the compute type freed has gone back.
         kept = keep and keep_freed_memory()
         return {"ready": True, "version": ctranslate2.__version__, "compute_type": self.model.compute_type,
-                "keep_freed_memory": kept}
+                "keep_freed_memory": kept, "allocator": allocator()}
 
 
 if __name__ == "__main__":
