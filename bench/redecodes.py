@@ -9,7 +9,9 @@ instance (greedy, ``beam_size=1``, timestamps on: the bar's protocol), by three 
 - ``same``: faster-whisper on the engine ct2-flash runs its loop on (the patched runtime);
 - ``flash``: ``FlashWhisperModel`` as users get it (the stock worker, the policies, the
   previous hypothesis offered to re-decodes);
-- ``stock``: faster-whisper on stock ctranslate2, in a worker process (what users run today).
+- ``stock``: faster-whisper on stock ctranslate2, in a worker process (what users run today);
+- ``tuned_stock``: the same in a process of its own with the allocator a user sets without
+  code (tcmalloc preloaded where installed, else glibc's variables: ``stock/allocator.py``).
 
 The systems take turns per piece (in a rotating order, every repeat), a piece's buffers in a
 row, as a client makes them; ``flash`` forgets its remembered windows before each piece so a
@@ -33,7 +35,8 @@ import numpy as np
 from _common import TEST_CLIPS, save_figure, write_result
 
 RATE = 16000
-SYSTEMS = ("same", "flash", "stock")
+SYSTEMS = ("same", "flash", "stock", "tuned_stock")
+STOCK_SYSTEMS = ("stock", "tuned_stock")
 
 
 def streams(speech_set: str, stream_seconds: float, gap: float) -> Dict[str, np.ndarray]:
@@ -77,18 +80,21 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
     from ct2_flash import FlashWhisperModel, resolve_model
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.benchmark.stock import StockWorker, local_baseline
+    from ct2_flash.stock.allocator import GLIBC_DEFAULT, tuned_allocator
 
     path = resolve_model(args.model)
     same = WhisperModel(path, compute_type=compute_type, cpu_threads=args.threads)
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=args.threads)
     python, stock_path = local_baseline()
-    stock = StockWorker(python, path, compute_type, args.threads, stock_path)
+    stocks = {name: StockWorker(python, path, compute_type, args.threads, stock_path, allocator=allocator)
+              for name, allocator in zip(STOCK_SYSTEMS, (GLIBC_DEFAULT, tuned_allocator()))}
     options = dict(beam_size=1)
     names = list(pieces_by_name)
     warm = pieces_by_name[names[0]][: 5 * RATE]
     for model in (same, flash):
         measure(model, warm, **options)
-    stock.measure("warm", warm, 0, **options)
+    for stock in stocks.values():
+        stock.measure("warm", warm, 0, **options)
     flash.model.recent.clear()
     # (piece, end) -> system -> [Measurement per repeat]
     runs: Dict[Tuple[str, int], Dict[str, list]] = {}
@@ -106,8 +112,8 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
                         flash.reset_spec_stats()
                     for end in ends:
                         buffer = piece[:end]
-                        if system == "stock":
-                            result = stock.measure(f"{name}:{end}", buffer, 0, **options)
+                        if system in stocks:
+                            result = stocks[system].measure(f"{name}:{end}", buffer, 0, **options)
                         else:
                             result = measure(same if system == "same" else flash, buffer, **options)
                         runs.setdefault((name, end), {}).setdefault(system, []).append(result)
@@ -120,8 +126,10 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
                                            "emitted": stats.emitted, "offered_rounds": stats.offered_rounds,
                                            "offered": stats.offered, "offered_accepted": stats.offered_accepted,
                                            "proposed": stats.proposed, "accepted": stats.accepted})
-    stock.close()
-    return summarise(compute_type, runs, loop_stats, flash)
+    allocators = {name: {"asked": stock.allocator, "loaded": stock.allocator_loaded} for name, stock in stocks.items()}
+    for stock in stocks.values():
+        stock.close()
+    return {**summarise(compute_type, runs, loop_stats, flash), "stock_allocators": allocators}
 
 
 def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
@@ -139,6 +147,7 @@ def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
         row["greedy"] = all(t == 0 for results in by_system.values() for r in results for t in r.temperatures)
         row["flash_equals_same"] = tokens["flash"] == tokens["same"]
         row["flash_equals_stock"] = tokens["flash"] == tokens["stock"]
+        row["flash_equals_tuned_stock"] = tokens["flash"] == tokens["tuned_stock"]
         row["same_equals_stock"] = tokens["same"] == tokens["stock"]
         row["repeats_agree"] = all(r.tokens == results[0].tokens for results in by_system.values() for r in results)
         rows.append(row)
@@ -154,10 +163,11 @@ def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
         "seconds": {system: {part: sum(row[system][part] for row in rows) for part in ("whole", "encode", "decode")}
                     for system in SYSTEMS},
         "speedup": {f"vs_{baseline}": {part: ratio(baseline, part) for part in ("whole", "decode")}
-                    for baseline in ("same", "stock")},
+                    for baseline in ("same", *STOCK_SYSTEMS)},
         "greedy_buffers": sum(row["greedy"] for row in rows),
         "identical_of_greedy": {key: sum(row[key] for row in rows if row["greedy"]) for key in
-                                ("flash_equals_same", "flash_equals_stock", "same_equals_stock", "repeats_agree")},
+                                ("flash_equals_same", "flash_equals_stock", "flash_equals_tuned_stock", "same_equals_stock",
+                                 "repeats_agree")},
         "loop": {
             "redecodes": total("redecodes"), "calls": total("buffers"),
             "rows_in_loop": total("loop_rows"), "rows_in_generate": total("generate_rows"),
@@ -166,6 +176,7 @@ def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
             "offered_rounds": total("offered_rounds"),
             "drafter_acceptance": (total("accepted") - total("offered_accepted")) / max(total("proposed") - total("offered"), 1),
             "keeps_freed_memory": flash.model.engines.stock.keeps_freed_memory if flash.model.engines.stock else None,
+            "worker_allocator": flash.model.engines.stock.allocator if flash.model.engines.stock else None,
         },
         "per_piece_loop": loop_stats,
         "rows": rows,
@@ -189,7 +200,8 @@ def plot(document: dict, path: str) -> None:
             axis.plot(lengths, [statistics.median(by_length[n]) for n in lengths], marker=".", label=system)
         axis.set(xlabel="buffer (s)", ylabel="whole path per buffer (s, median)",
                  title=f"{setting['compute_type']}: flash {setting['speedup']['vs_same']['whole']['speedup']:.2f}x same, "
-                       f"{setting['speedup']['vs_stock']['whole']['speedup']:.2f}x stock")
+                       f"{setting['speedup']['vs_stock']['whole']['speedup']:.2f}x stock, "
+                       f"{setting['speedup']['vs_tuned_stock']['whole']['speedup']:.2f}x tuned")
         axis.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
         axis.legend()
     figure.suptitle(f"re-decodes of growing buffers, {document['model']}, {document['machine'].get('cpu', '')}")
@@ -219,7 +231,7 @@ def main() -> None:
     pieces_by_name = {f"{name}#{index}": piece for name in chosen for index, piece in enumerate(pieces(found[name], args.cap))}
     document = {
         "what": "re-decodes of growing buffers (greedy, timestamps): faster-whisper on the same engine, ct2-flash, "
-                "faster-whisper on stock ctranslate2",
+                "faster-whisper on stock ctranslate2, plain and with the tuned allocator",
         "model": args.model, "threads": args.threads, "cap_seconds": args.cap, "first_seconds": args.first,
         "step_seconds": args.step, "repeats": args.repeats,
         "streams": {name: found[name].size / RATE for name in chosen},
@@ -230,9 +242,10 @@ def main() -> None:
     for setting in document["settings"]:
         speed, loop = setting["speedup"], setting["loop"]
         print(f"{setting['compute_type']}: whole {speed['vs_same']['whole']['speedup']:.2f}x same / "
-              f"{speed['vs_stock']['whole']['speedup']:.2f}x stock; decode {speed['vs_same']['decode']['speedup']:.2f}x / "
-              f"{speed['vs_stock']['decode']['speedup']:.2f}x; {loop['tokens_per_target_call']:.2f} tokens per target call; "
-              f"identical to stock {setting['identical_of_greedy']['flash_equals_stock']}/{setting['greedy_buffers']} "
+              f"{speed['vs_stock']['whole']['speedup']:.2f}x stock / {speed['vs_tuned_stock']['whole']['speedup']:.2f}x tuned "
+              f"stock; decode {speed['vs_same']['decode']['speedup']:.2f}x / {speed['vs_stock']['decode']['speedup']:.2f}x / "
+              f"{speed['vs_tuned_stock']['decode']['speedup']:.2f}x; {loop['tokens_per_target_call']:.2f} tokens per target "
+              f"call; identical to stock {setting['identical_of_greedy']['flash_equals_stock']}/{setting['greedy_buffers']} "
               f"greedy buffers ({setting['buffers']} in all)")
 
 

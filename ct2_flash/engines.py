@@ -7,8 +7,8 @@ local copy (``local``). When the worker fails, one warning is logged and the cal
 the patched runtime, re-encoding the features the encoding kept: the output is the patched
 runtime's (the same tokens on every clip measured), only slower.
 
-A greedy ``generate()`` on a worker's encoding runs where ``EngineRouter`` measured it faster:
-in the worker, or in the patched runtime on a copy of the encoding. The encoder always runs in
+A greedy ``generate()`` on a worker's encoding runs in the worker, or where an ``EngineRouter``
+that measures both engines found it faster: in the patched runtime on a copy of the encoding. The encoder always runs in
 the worker: its output is what stock faster-whisper decodes from, and the patched encoder's
 differs from it in the last bits (and is slower: docs/measurements.md).
 """

@@ -130,18 +130,24 @@ class CallRouter:
 @dataclass
 class EngineRouter:
     """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in
-    the stock worker: the worker (what faster-whisper users run, measured first) or the patched
-    runtime, on a copy of the encoding. The two engines' greedy decoders differ in speed by CPU
-    and compute type (the patched one from 11% faster to 18% slower, docs/measurements.md), not
-    in tokens (``bench/fork_generate.py`` measures that). Same measurement and probing as
-    ``CallRouter``, with the patched runtime in the loop's place.
+    the stock worker: the worker (what faster-whisper users run) or the patched runtime, on a
+    copy of the encoding. The two engines' greedy decoders differ in speed by CPU, compute type
+    and allocator, not in tokens (``bench/fork_generate.py`` measures that).
+
+    By default (``measure=False``) every such call stays in the worker: it holds the encoding
+    and runs under the tuned allocator (``stock/allocator.py``), which the patched runtime in
+    the caller's process cannot have, and measuring the two engines on different windows
+    chose the slower one often enough to cost long float32 recordings ~14% against tuned
+    stock (docs/measurements.md, "Against tuned stock"). ``measure=True`` measures and probes
+    both as ``CallRouter`` does, with the patched runtime in the loop's place.
     """
 
     choice: CallRouter = field(default_factory=CallRouter)
+    measure: bool = False
 
     def patched(self, batch_size: int) -> bool:
         """Whether the next greedy call with ``batch_size`` rows should run on the patched runtime."""
-        return self.choice.speculate(batch_size)
+        return self.measure and self.choice.speculate(batch_size)
 
     def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
         """Fold one call into the running costs (as ``CallRouter.record``)."""

@@ -156,8 +156,8 @@ class FlashWhisperModel(WhisperModel):
             (``ct2_flash.stock``, started with the model without waiting for it), which is
             faster than the patched runtime on these CPUs; the output is then faster-whisper's
             on stock ctranslate2, the engine users run. The loop gets a copy of the encoder
-            output when a call speculates, and greedy ``generate()`` calls run on the patched
-            runtime instead where that measured faster (``routing.EngineRouter``). Costs a
+            output when a call speculates; every other call stays in the worker
+            (``routing.EngineRouter``). Costs a
             second copy of the model in memory (the sizes: README), though the patched copy
             loads only when a call first needs it, where its compute type is certain without
             loading (``engine.deferred_model``). If the worker cannot start
@@ -165,8 +165,8 @@ class FlashWhisperModel(WhisperModel):
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
         engine_policy: with the worker, decides per greedy ``generate()`` call which engine
-            runs it (default a new ``EngineRouter``, which measures both); a benchmark or test
-            that needs every call on one engine passes its own.
+            runs it (default a new ``EngineRouter``: the worker; ``EngineRouter(measure=True)``
+            measures both); a benchmark or test that needs every call on one engine passes its own.
     """
 
     def __init__(

@@ -115,7 +115,7 @@ class OnePatched(EngineRouter):
     """Every greedy call on the patched runtime while ``forced``; the default's choice otherwise."""
 
     def __init__(self, forced: bool = True) -> None:
-        super().__init__()
+        super().__init__(measure=True)
         self.forced = forced
 
     def patched(self, batch_size):
@@ -180,6 +180,16 @@ def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_w
     assert engines.generate_calls["patched"] > 0  # (the loop may take a call at float32)
     assert engines.stock.running and engines.stock_failures == 0
     engines.close()
+
+
+def test_the_default_engine_router_keeps_greedy_calls_in_the_worker():
+    default, measuring = EngineRouter(), EngineRouter(measure=True)
+    for router in (default, measuring):
+        for _ in range(40):  # the patched runtime measured twice as fast as the worker
+            patched = router.patched(1)
+            router.record(patched, 1, 0.005 if patched else 0.010, 100)
+    assert not default.patched(1) and default.patched_cost is None
+    assert measuring.patched(1)
 
 
 def test_int8_through_the_worker_is_faster_whispers_output(model_path, clips):
