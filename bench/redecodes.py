@@ -34,6 +34,8 @@ import numpy as np
 
 from _common import TEST_CLIPS, save_figure, write_result
 
+from ct2_flash.runtime.stats import OFFERED_ENDS
+
 RATE = 16000
 SYSTEMS = ("same", "flash", "stock", "tuned_stock")
 STOCK_SYSTEMS = ("stock", "tuned_stock")
@@ -125,6 +127,8 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
                                            "generate_rows": stats.generate_rows, "target_calls": stats.target_calls,
                                            "emitted": stats.emitted, "offered_rounds": stats.offered_rounds,
                                            "offered": stats.offered, "offered_accepted": stats.offered_accepted,
+                                           "offered_ends": dict(stats.offered_ends),
+                                           "draft_rounds": stats.draft_rounds,
                                            "proposed": stats.proposed, "accepted": stats.accepted})
     allocators = {name: {"asked": stock.allocator, "loaded": stock.allocator_loaded} for name, stock in stocks.items()}
     for stock in stocks.values():
@@ -174,6 +178,10 @@ def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
             "tokens_per_target_call": total("emitted") / max(total("target_calls"), 1),
             "offered_acceptance": total("offered_accepted") / max(total("offered"), 1),
             "offered_rounds": total("offered_rounds"),
+            # What ended the offered rounds, and rounds the fallback drafter proposed in.
+            "offered_ends": {end: sum(entry["offered_ends"].get(end, 0) for entry in loop_stats)
+                             for end in OFFERED_ENDS},
+            "draft_rounds": total("draft_rounds"),
             "drafter_acceptance": (total("accepted") - total("offered_accepted")) / max(total("proposed") - total("offered"), 1),
             "keeps_freed_memory": flash.model.engines.stock.keeps_freed_memory if flash.model.engines.stock else None,
             "worker_allocator": flash.model.engines.stock.allocator if flash.model.engines.stock else None,

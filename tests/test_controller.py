@@ -360,6 +360,9 @@ def test_offered_tokens_are_verified_as_one_block_longer_than_k(max_length):
     assert sequence.verify_log[0] == (2, [11, *offered])
     assert len(offered) == min(len(SCRIPT) - 1, first_limit) > 2
     assert stats.offered_rounds == len(drafter.offers) and stats.offered_accepted == stats.accepted
+    # What ended each offered round: the wrong word (a text mismatch), else the whole block.
+    assert sum(stats.offered_ends.values()) == stats.offered_rounds
+    assert stats.offered_ends.get("text", 0) == int(max_length == 448) and "timestamp" not in stats.offered_ends
     assert drafter.requests == []  # the drafter proposed nothing: its offers covered every round
     # 448: the correction 17 is the next anchor, and 18 .. end of text are offered and kept;
     # 12: the budget ends with the first block's bonus.

@@ -412,6 +412,7 @@ class SpeculativeDecoder:
             stats.offered_rounds += 1
             stats.offered += len(draft.tokens)
             stats.offered_accepted += outcome.accepted
+            stats.record_offered_end(self._offered_end(draft, outcome))
             self.lengths.observe_offered(len(draft.tokens), outcome.accepted, rejected, clock.verify_seconds)
         else:
             confidences = draft.confidences if len(draft.confidences) == len(draft.tokens) else None
@@ -427,6 +428,17 @@ class SpeculativeDecoder:
             state.drafting = False
             state.resume_at = draft_pause.resume_position(len(state.generated))
             stats.windows_drafting_stopped += 1
+
+    def _offered_end(self, draft: Draft, outcome: Acceptance) -> str:
+        """What ended an offered round (``SpecStats.offered_ends``)."""
+        if outcome.unsure:
+            return "unsure"
+        if outcome.accepted >= len(draft.tokens):
+            return "whole block"
+        begin = self.runtime.special.timestamp_begin
+        chosen = outcome.next_token
+        moved = draft.tokens[outcome.accepted] >= begin or (chosen is not None and chosen >= begin)
+        return "timestamp" if moved else "text"
 
     def _observe_step(self, seconds: float) -> None:
         """Fold a single-token pass into ``step_seconds`` (an average over recent ones, across

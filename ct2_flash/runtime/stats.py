@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS, DraftLengths
+
+
+OFFERED_ENDS = ("whole block", "timestamp", "text", "unsure")
 
 
 @dataclass
@@ -43,6 +46,11 @@ class SpecStats:
         offered_rounds: rounds that verified offered tokens (a previous hypothesis of the
             same audio, ``Drafter.offered``); ``offered`` of them were verified and
             ``offered_accepted`` accepted (also counted in ``proposed`` / ``accepted``).
+        offered_ends: what ended each offered round (``OFFERED_ENDS``): "whole block" (every
+            offered token accepted: the block's length or the hypothesis's end), "timestamp"
+            (the first rejected position had a timestamp in the draft or the target's
+            choice: a segment boundary that moved), "text" (a word said otherwise), "unsure"
+            (a row too close to call, rechecked by a single step).
         busy_calls: calls the policy sent to the loop that went to ``generate()`` because
             another thread was decoding in it.
         calibration: [K][bins] counts (judged, accepted) of draft positions by the drafter's
@@ -75,6 +83,7 @@ class SpecStats:
     offered_rounds: int = 0
     offered: int = 0
     offered_accepted: int = 0
+    offered_ends: Dict[str, int] = field(default_factory=dict)
     calibration: List[List[List[int]]] = field(default_factory=list)
 
     @property
@@ -103,6 +112,10 @@ class SpecStats:
             self.accepted_by_position[j] += 1
         self.proposed += proposed
         self.accepted += accepted
+
+    def record_offered_end(self, end: str) -> None:
+        """Count one offered round's end (one of ``OFFERED_ENDS``)."""
+        self.offered_ends[end] = self.offered_ends.get(end, 0) + 1
 
     def record_confidences(self, log_probs: Sequence[float], accepted: int, rejected: bool) -> None:
         """Count the judged positions of one verified block by confidence bin."""
