@@ -16,8 +16,18 @@ PY=${PY:-.venv/bin/python}
 DATA=${CT2_FLASH_DATA:-$HOME/.cache/ct2_flash/drafter_data}
 HELD_OUT=$HOME/.cache/ct2_flash/synthetic_validation
 LONG_REAL=$HOME/.cache/ct2_flash/long_real
+LONG_FORM=$HOME/.cache/ct2_flash/long_form
 OUT=bench/results
 
+# Against tuned stock (faster-whisper on stock ctranslate2 with tcmalloc preloaded, beside plain
+# stock): prompts, long recordings, re-decodes, and what a target call costs.
+$PY -m ct2_flash.cli bench --speech-set mfa --compute-types int8 float32 --repeats 2 --stock --out $OUT/tuned_stock/mfa
+$PY bench/long_recordings.py --out "$LONG_FORM"
+$PY -m ct2_flash.cli bench --audio-dir "$LONG_FORM" --compute-types int8 float32 --repeats 2 --stock \
+  --out $OUT/tuned_stock/long_form
+$PY bench/redecodes.py --compute-types float32 int8 --speech-set mfa --stream-seconds 50 --max-streams 1 --repeats 2 \
+  --out $OUT/tuned_stock/redecodes.json
+$PY bench/engine_costs.py --out $OUT/engine_costs/engine_costs.json
 # The default model (the stock engine's worker on) against faster-whisper on stock ctranslate2
 # (and on the patched runtime), per real set and on the test clips.
 for set in mfa pocketsphinx; do
