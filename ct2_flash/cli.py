@@ -191,14 +191,14 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"  BatchedInferencePipeline batch {section['batch_size']}: whole {speed['speedup']:.2f}x "
                   f"[{speed['low']:.2f}, {speed['high']:.2f}], identical {identity['identical']}/{identity['of']}, "
                   f"rows speculative / generate() {section['speculative_rows']} / {section['generate_rows']}"
-                  + "".join(f"; vs {label}: whole {_interval(section[f'speedup_vs_{name}']['whole'])}, identical "
-                            f"{section[f'{name}_token_identity']['identical']}/{section[f'{name}_token_identity']['of']}"
+                  + "".join(f"; vs {label}: whole {_interval(section[f'speedup_vs_{name}']['whole'])}, "
+                            f"identical {_identity(section[f'{name}_token_identity'])}"
                             for name, label in _stock_labels(setting) if section.get(f"speedup_vs_{name}")))
         for name, label in _stock_labels(setting):
             if summary.get(f"speedup_vs_{name}"):
                 versus, same = summary[f"speedup_vs_{name}"], summary[f"{name}_token_identity"]
                 print(f"  vs {label}: decode {_interval(versus['decode'])}, whole {_interval(versus['whole'])}, "
-                      f"identical {same['identical']}/{same['of']}")
+                      f"identical {_identity(same)}")
         engines = setting.get("engines") or {}
         if engines.get("stock_active"):
             calls = engines["generate_calls"]
@@ -210,6 +210,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _interval(speedup: dict) -> str:
     return f"{speedup['speedup']:.2f}x [{speedup['low']:.2f}, {speedup['high']:.2f}]"
+
+
+def _identity(counts: dict) -> str:
+    return f"{counts['identical']}/{counts['of']}"
 
 
 def _stock_labels(setting: dict) -> list:

@@ -2,10 +2,11 @@
 or at fixed sampling temperatures (``temperatures``).
 
 Both systems (and, with ``--stock``, faster-whisper on stock CTranslate2 in worker processes:
-plain, ``stock``, and with the allocator an informed user sets, ``tuned_stock``) run on audio decoded once, after a warm-up, interleaved per utterance in every order of the
-systems in turn (slow drift of the machine, and the spinning workers a call leaves behind, hit
-all alike), for several repeats; per utterance the median over repeats is used. The decode part is the time inside
-``generate()`` (encoder output to last token), the whole path is waveform to segments.
+plain, ``stock``, and with the allocator an informed user sets, ``tuned_stock``) run on audio
+decoded once, after a warm-up, interleaved per utterance in every order of the systems in turn
+(slow drift of the machine, and the spinning workers a call leaves behind, hit all alike), for
+several repeats; per utterance the median over repeats is used. The decode part is the time
+inside ``generate()`` (encoder output to last token), the whole path is waveform to segments.
 """
 
 from __future__ import annotations

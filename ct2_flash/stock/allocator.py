@@ -26,8 +26,8 @@ _LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/us
                  "/lib/x86_64-linux-gnu", "/lib64", "/lib")
 # glibc's tunables as environment variables: what keep_freed_memory() in the worker sets with
 # mallopt, for a process whose code one cannot change.
-GLIBC_SETTINGS: Dict[str, str] = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
-INSTALL_HINT = "apt-get install libgoogle-perftools4 (Debian, Ubuntu) or dnf install gperftools-libs (Fedora)"
+GLIBC_SETTINGS: Dict[str, str] = {
+    "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 
 
 @dataclass(frozen=True)
