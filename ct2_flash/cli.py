@@ -46,6 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.benchmark.stock import StockWorker, local_baseline
     from ct2_flash.engine.models import resolve_model
+    from ct2_flash.stock.allocator import tuned_allocator
     from ct2_flash.whisper_model import FlashWhisperModel
 
     audio = _read_audio(args.audio)
@@ -56,16 +57,19 @@ def _demo(args: argparse.Namespace) -> int:
     flash = FlashWhisperModel(path, num_draft_tokens=args.k, near_exact=args.near_exact,
                               stock_engine=args.stock_engine, **options, redecodes=False)
     transcribe = dict(beam_size=1, without_timestamps=args.no_timestamps)
-    # faster-whisper as users run it (stock ctranslate2, in a worker process) and on this
-    # environment's patched runtime, each timed on the same audio, interleaved with ct2-flash.
-    systems = {}
+    # faster-whisper as users run it (stock ctranslate2, in a worker process; plain, and with
+    # the allocator an informed user preloads) and on this environment's patched runtime, each
+    # timed on the same audio, interleaved with ct2-flash.
+    systems, workers = {}, {}
     try:
         python, stock_path = local_baseline()
-        stock = StockWorker(python, path, args.compute_type, args.threads, stock_path)
-        systems["stock"] = lambda: stock.measure("demo", audio, seed=0, **transcribe)
+        for name, allocator in (("stock", None), ("tuned_stock", tuned_allocator())):
+            extra = {} if allocator is None else {"allocator": allocator}
+            workers[name] = StockWorker(python, path, args.compute_type, args.threads, stock_path, **extra)
+            systems[name] = lambda worker=workers[name]: worker.measure("demo", audio, seed=0, **transcribe)
     except RuntimeError as error:
-        stock = None
         print(f"ct2-flash demo: no comparison with stock ctranslate2: {error}", file=sys.stderr)
+    stock = workers.get("stock")
     patched = WhisperModel(path, **options)
     systems["patched"] = lambda: measure(patched, audio, **transcribe)
     try:
@@ -79,8 +83,8 @@ def _demo(args: argparse.Namespace) -> int:
                 runs[name].append(run())
             runs["flash"].append(measure(flash, audio, **transcribe))
     finally:
-        if stock is not None:
-            stock.close()
+        for worker in workers.values():
+            worker.close()
         flash.model.engines.close()
 
     stats = flash.spec_stats
@@ -92,7 +96,9 @@ def _demo(args: argparse.Namespace) -> int:
           f"{'none (no call runs the loop)' if flash.model.inexact_reason else type(flash.drafter).__name__}, "
           f"K={args.k}, stock engine "
           f"{'on' if flash.model.engines.stock_active else 'off'}")
+    tuned = workers.get("tuned_stock")
     names = {"stock": f"faster-whisper on stock ctranslate2 {stock.version if stock else ''}",
+             "tuned_stock": f"the same with {tuned.allocator if tuned else ''} (runs {tuned.allocator_loaded if tuned else ''})",
              "patched": "faster-whisper on the patched runtime"}
     identical = {}
     for name in systems:
