@@ -34,11 +34,11 @@ import numpy as np
 
 from _common import TEST_CLIPS, save_figure, write_result
 
+from ct2_flash.benchmark.stock import STOCK_SYSTEMS
 from ct2_flash.runtime.stats import OFFERED_ENDS
 
 RATE = 16000
-SYSTEMS = ("same", "flash", "stock", "tuned_stock")
-STOCK_SYSTEMS = ("stock", "tuned_stock")
+SYSTEMS = ("same", "flash", *STOCK_SYSTEMS)
 
 
 def streams(speech_set: str, stream_seconds: float, gap: float) -> Dict[str, np.ndarray]:
@@ -81,15 +81,13 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
 
     from ct2_flash import FlashWhisperModel, resolve_model
     from ct2_flash.benchmark.measure import measure
-    from ct2_flash.benchmark.stock import StockWorker, local_baseline
-    from ct2_flash.stock.allocator import GLIBC_DEFAULT, tuned_allocator
+    from ct2_flash.benchmark.stock import allocators_of, local_baseline, stock_systems
 
     path = resolve_model(args.model)
     same = WhisperModel(path, compute_type=compute_type, cpu_threads=args.threads)
     flash = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=args.threads)
     python, stock_path = local_baseline()
-    stocks = {name: StockWorker(python, path, compute_type, args.threads, stock_path, allocator=allocator)
-              for name, allocator in zip(STOCK_SYSTEMS, (GLIBC_DEFAULT, tuned_allocator()))}
+    stocks = stock_systems(python, path, compute_type, args.threads, stock_path)
     options = dict(beam_size=1)
     names = list(pieces_by_name)
     warm = pieces_by_name[names[0]][: 5 * RATE]
@@ -130,7 +128,7 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
                                            "offered_ends": dict(stats.offered_ends),
                                            "draft_rounds": stats.draft_rounds,
                                            "proposed": stats.proposed, "accepted": stats.accepted})
-    allocators = {name: {"asked": stock.allocator, "loaded": stock.allocator_loaded} for name, stock in stocks.items()}
+    allocators = allocators_of(stocks)
     for stock in stocks.values():
         stock.close()
     return {**summarise(compute_type, runs, loop_stats, flash), "stock_allocators": allocators}

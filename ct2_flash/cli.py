@@ -44,9 +44,8 @@ def _demo(args: argparse.Namespace) -> int:
     from faster_whisper import WhisperModel
 
     from ct2_flash.benchmark.measure import measure
-    from ct2_flash.benchmark.stock import StockWorker, local_baseline
+    from ct2_flash.benchmark.stock import local_baseline, stock_systems
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.stock.allocator import tuned_allocator
     from ct2_flash.whisper_model import FlashWhisperModel
 
     audio = _read_audio(args.audio)
@@ -63,10 +62,9 @@ def _demo(args: argparse.Namespace) -> int:
     systems, workers = {}, {}
     try:
         python, stock_path = local_baseline()
-        for name, allocator in (("stock", None), ("tuned_stock", tuned_allocator())):
-            extra = {} if allocator is None else {"allocator": allocator}
-            workers[name] = StockWorker(python, path, args.compute_type, args.threads, stock_path, **extra)
-            systems[name] = lambda worker=workers[name]: worker.measure("demo", audio, seed=0, **transcribe)
+        workers = stock_systems(python, path, args.compute_type, args.threads, stock_path)
+        for name, worker in workers.items():
+            systems[name] = lambda worker=worker: worker.measure("demo", audio, seed=0, **transcribe)
     except RuntimeError as error:
         print(f"ct2-flash demo: no comparison with stock ctranslate2: {error}", file=sys.stderr)
     stock = workers.get("stock")

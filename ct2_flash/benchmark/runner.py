@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,18 +25,12 @@ from ct2_flash.benchmark.measure import Measurement, measure
 from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate, word_error_rate_interval
 from ct2_flash.benchmark.manifest import Utterance
 from ct2_flash.benchmark.machine import machine
-from ct2_flash.benchmark.stock import StockWorker
+from ct2_flash.benchmark.stock import STOCK_SYSTEMS, StockWorker, allocators_of, stock_systems
 from ct2_flash.benchmark.drafters import ORACLE, build_drafter
 from ct2_flash.engine.models import resolve_model
 from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS
-from ct2_flash.stock.allocator import GLIBC_DEFAULT, tuned_allocator
-
-logger = logging.getLogger("ct2_flash")
 
 SAMPLE_RATE = 16000
-# faster-whisper on stock ctranslate2, each in a process of its own: as installed, and with
-# the allocator a user sets without code (tcmalloc preloaded, else glibc's variables).
-STOCK_SYSTEMS = ("stock", "tuned_stock")
 
 
 @dataclass(frozen=True)
@@ -136,28 +129,10 @@ def load_audio(utterances: Sequence[Utterance]) -> Dict[str, np.ndarray]:
 
 
 def stock_workers(config: BenchConfig, path: str, compute_type: str, threads: int) -> Dict[str, StockWorker]:
-    """The stock systems (``STOCK_SYSTEMS``) as worker processes, none without ``stock_python``."""
+    """The stock systems (``stock.stock_systems``), none without ``stock_python``."""
     if not config.stock_python:
         return {}
-    workers: Dict[str, StockWorker] = {}
-    try:
-        for name, allocator in zip(STOCK_SYSTEMS, (GLIBC_DEFAULT, tuned_allocator())):
-            workers[name] = StockWorker(config.stock_python, path, compute_type, threads, config.stock_path,
-                                        allocator=allocator)
-    except BaseException:
-        for worker in workers.values():
-            worker.close()
-        raise
-    tuned = workers["tuned_stock"]
-    if tuned.allocator.startswith("tcmalloc") and tuned.allocator_loaded != "tcmalloc":
-        logger.warning("ct2-flash bench: the tuned stock system asked for %s, but its process runs %s "
-                       "(the loader refused the preload)", tuned.allocator, tuned.allocator_loaded)
-    return workers
-
-
-def stock_allocators(workers: Dict[str, StockWorker]) -> Dict[str, dict]:
-    """For the report: per stock system, the allocator asked for and the one its process runs."""
-    return {name: {"asked": worker.allocator, "loaded": worker.allocator_loaded} for name, worker in workers.items()}
+    return stock_systems(config.stock_python, path, compute_type, threads, config.stock_path)
 
 
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
@@ -216,7 +191,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             "decoder_split": {**dataclasses.asdict(flash.decoder_split), "split": flash.decoder_split.split}
             if flash.decoder_split else None,
             "stock_ctranslate2": stocks["stock"].version if stocks else None,
-            "stock_allocators": stock_allocators(stocks),
+            "stock_allocators": allocators_of(stocks),
             # The stock engine's worker (if on): generate() calls each engine served over the
             # whole setting (warm-up included), and the greedy costs per token it measured.
             "engines": {"stock_active": engines.stock_active, "generate_calls": dict(engines.generate_calls),

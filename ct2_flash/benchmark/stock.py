@@ -11,6 +11,7 @@ in a separate virtual environment with pinned stock packages (``ensure_environme
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -21,9 +22,14 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ct2_flash.benchmark.measure import Measurement
-from ct2_flash.stock.allocator import GLIBC_DEFAULT, Allocator, loaded_allocator
+from ct2_flash.stock.allocator import GLIBC_DEFAULT, Allocator, loaded_allocator, tuned_allocator
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, environment_with, installed, stock_dir
 
+logger = logging.getLogger("ct2_flash")
+
+# faster-whisper on stock ctranslate2, each in a process of its own: as installed, and with
+# the allocator a user sets without code (tcmalloc preloaded, else glibc's variables).
+STOCK_SYSTEMS = ("stock", "tuned_stock")
 # What `pip install faster-whisper` gives today, pinned so the baseline does not drift.
 STOCK_REQUIREMENTS = ("faster-whisper==1.2.1", "ctranslate2==4.8.5")
 
@@ -142,3 +148,27 @@ class StockWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def stock_systems(python: str, model_path: str, compute_type: str, threads: int, path: str = "") -> Dict[str, StockWorker]:
+    """``STOCK_SYSTEMS`` name -> its ``StockWorker`` (arguments as the worker's); every one
+    started is closed if another fails to start. A tuned system whose preload the loader
+    refused runs glibc: a warning says so, and its ``allocator_loaded`` records it."""
+    workers: Dict[str, StockWorker] = {}
+    try:
+        for name, allocator in zip(STOCK_SYSTEMS, (GLIBC_DEFAULT, tuned_allocator())):
+            workers[name] = StockWorker(python, model_path, compute_type, threads, path, allocator=allocator)
+    except BaseException:
+        for worker in workers.values():
+            worker.close()
+        raise
+    tuned = workers["tuned_stock"]
+    if tuned.allocator.startswith("tcmalloc") and tuned.allocator_loaded != "tcmalloc":
+        logger.warning("ct2-flash: the tuned stock system asked for %s, but its process runs %s "
+                       "(the loader refused the preload)", tuned.allocator, tuned.allocator_loaded)
+    return workers
+
+
+def allocators_of(workers: Dict[str, StockWorker]) -> Dict[str, dict]:
+    """For a report: per stock system, the allocator asked for and the one its process runs."""
+    return {name: {"asked": worker.allocator, "loaded": worker.allocator_loaded} for name, worker in workers.items()}

@@ -81,7 +81,8 @@ def keep_freed_memory() -> bool:
 
 
 def allocator() -> str:
-    """"tcmalloc" if the client's preload took (the library is mapped here), else "glibc"."""
+    """"tcmalloc" if the client's preload took (the library is mapped here), else "glibc": the
+    check of ``allocator.loaded_allocator``, here because this process imports nothing from ct2_flash."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as stream:
             return "tcmalloc" if "libtcmalloc" in stream.read() else "glibc"
