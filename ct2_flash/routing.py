@@ -137,8 +137,8 @@ class EngineRouter:
     By default (``measure=False``) every such call stays in the worker: it holds the encoding
     and runs under the tuned allocator (``stock/allocator.py``), which the patched runtime in
     the caller's process cannot have, and measuring the two engines on different windows
-    chose the slower one often enough to cost long float32 recordings ~14% against tuned
-    stock (docs/measurements.md, "Against tuned stock"). ``measure=True`` measures and probes
+    chose the slower one often enough to make long float32 recordings slower than tuned stock
+    (the figures: docs/measurements.md, "Against tuned stock"). ``measure=True`` measures and probes
     both as ``CallRouter`` does, with the patched runtime in the loop's place.
     """
 
