@@ -33,7 +33,7 @@ from typing import Dict, List
 # ct2_flash (whose import checks for the patched runtime), so _common is imported in main().
 TEST_CLIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 ROWS = (1, 2, 4, 9, 17, 33)
-LENGTHS = (10, 70)  # generate() lengths whose difference gives the per-token slope
+LENGTHS = (10, 70)  # tokens of two generate() calls whose difference gives the per-token slope
 
 
 def _window(path: str):
@@ -57,10 +57,15 @@ def measure_child(model_path: str, audio: str, compute_type: str, threads: int, 
     if len(transcript) < max(LENGTHS) + max(ROWS):
         raise SystemExit(f"{audio}: a transcript of {len(transcript)} tokens is too short for these lengths")
 
-    def generate_ms(length: int) -> float:
+    def generate_ms(tokens: int) -> float:
+        # Greedy generate() runs at most max_length // 2 steps (PromptLayout.max_steps): twice
+        # the tokens wanted, so that the call makes exactly ``tokens`` of them.
         started = time.perf_counter()
-        model.generate(encoded, [prompt], beam_size=1, max_length=length + 1)
-        return 1000 * (time.perf_counter() - started)
+        made = model.generate(encoded, [prompt], beam_size=1, max_length=2 * tokens)[0].sequences_ids[0]
+        elapsed = 1000 * (time.perf_counter() - started)
+        if len(made) != tokens:
+            raise SystemExit(f"generate() made {len(made)} tokens where {tokens} were asked")
+        return elapsed
 
     result: Dict[str, object] = {"ctranslate2": ctranslate2.__version__}
     times: Dict[int, List[float]] = {length: [] for length in LENGTHS}

@@ -127,6 +127,56 @@ class CallRouter:
             self.generate_cost[batch_size] = running[0] / running[1]
 
 
+# Re-decodes (``RedecodeRouters``): previous hypotheses shorter than this many tokens share
+# one router, and each doubling of the length has its own above it.
+SHORTEST_BUCKET = 8
+LONGEST_BUCKET = 64
+# A bucket's router: calls measured in the loop before generate() is, and the shortest
+# interval between probes of the loser (then doubled as CallRouter's budget allows).
+REDECODE_LOOP_FIRST = 2
+REDECODE_MIN_PROBE_INTERVAL = 8
+
+
+class RedecodeRouters:
+    """Which way a re-decode goes, by the length of its previous hypothesis (known before the
+    call): one ``CallRouter`` per length bucket (under 8 tokens, 8-15, 16-31, 32-63, 64 or
+    more).
+
+    How well the loop pays on a re-decode follows how much of it the previous hypothesis
+    covers: a 2 s buffer's few tokens leave a call the loop's fixed costs, a 25 s buffer's
+    hypothesis covers most of its tokens. One router for all of them compared a running cost
+    per token that moved with the buffer's length, and had to probe the loser every few calls
+    to keep up; by bucket each compares like with like and probes within CallRouter's budget.
+    Each bucket measures the loop first (``REDECODE_LOOP_FIRST`` calls), then ``generate()``.
+    """
+
+    def __init__(self) -> None:
+        self._routers: Dict[int, CallRouter] = {}
+
+    @staticmethod
+    def bucket(hypothesis_tokens: int) -> int:
+        """The bucket of a previous hypothesis of this many tokens: its lower bound."""
+        size = SHORTEST_BUCKET
+        while size < LONGEST_BUCKET and hypothesis_tokens >= 2 * size:
+            size *= 2
+        return 0 if hypothesis_tokens < SHORTEST_BUCKET else size
+
+    def router(self, hypothesis_tokens: int) -> CallRouter:
+        """The router for a re-decode whose previous hypothesis has this many tokens."""
+        key = self.bucket(hypothesis_tokens)
+        router = self._routers.get(key)
+        if router is None:
+            router = self._routers[key] = CallRouter(
+                loop_first=REDECODE_LOOP_FIRST, min_probe_interval=REDECODE_MIN_PROBE_INTERVAL,
+                probe_interval=REDECODE_MIN_PROBE_INTERVAL, next_probe=REDECODE_MIN_PROBE_INTERVAL)
+        return router
+
+    @property
+    def routers(self) -> Dict[int, CallRouter]:
+        """Bucket (its lower bound in tokens) -> its router, for those used so far."""
+        return dict(self._routers)
+
+
 @dataclass
 class EngineRouter:
     """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in

@@ -22,7 +22,7 @@ from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.engines import Engines
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
-from ct2_flash.routing import CallRouter, produced_tokens
+from ct2_flash.routing import CallRouter, RedecodeRouters, produced_tokens
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.runtime.decoding import SpeculativeDecoder
 from ct2_flash.runtime.stats import SpecStats
@@ -65,15 +65,6 @@ _INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True 
 _DEVICE_HINT = " (near_exact=True runs the loop anyway: docs/usage.md, \"On a GPU\")"
 _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
                  "sampling_topk", "sampling_temperature", "num_hypotheses")
-
-# Re-decodes (``SpeculativeWhisper.redecode_policy``): calls measured in the loop before
-# generate() is, and the interval between probes of the loser, whatever their cost. Which way
-# wins changes as a buffer grows: the previous hypothesis covers more of it. On the 94 s test
-# clip's buffers at float32 (AMD EPYC, tiny.en) the loop's cost per token fell from 2x
-# generate()'s at 3 s to 0.65x at 25 s (whole transcribe 0.80 s against 1.10 s), so the loser
-# is probed every few calls, and one short first call does not decide alone.
-REDECODE_LOOP_FIRST = 3
-REDECODE_PROBE_INTERVAL = 4
 
 
 @dataclass
@@ -129,9 +120,7 @@ class SpeculativeWhisper:
         # streaming client's growing buffer) is offered its previous hypothesis, and judged by
         # a policy of its own, since how well the loop pays differs from fresh audio.
         self.recent = RecentWindows() if redecodes else None
-        self.redecode_policy = CallRouter(
-            loop_first=REDECODE_LOOP_FIRST, min_probe_interval=REDECODE_PROBE_INTERVAL, max_probe_interval=REDECODE_PROBE_INTERVAL,
-            probe_interval=REDECODE_PROBE_INTERVAL, next_probe=REDECODE_PROBE_INTERVAL)
+        self.redecode_routers = RedecodeRouters()
         self._loop = threading.Lock()  # held by the one call in the speculative loop
         self._counting = threading.Lock()  # counters and policies touched outside the loop
 
@@ -194,7 +183,7 @@ class SpeculativeWhisper:
         # Without adaptive (and while tests swap drafters in) every call drafts.
         with self._counting:
             self.stats.redecodes += int(previous is not None)
-            policy = self.redecode_policy if previous is not None else self.policy_for(options)
+            policy = self.redecode_routers.router(len(previous)) if previous is not None else self.policy_for(options)
             # A seeded model samples in the loop only: which way a call goes depends on
             # timings, and the loop's draws do not (CTranslate2's would differ).
             repeatable = options.sampling and self.decoder.seeded

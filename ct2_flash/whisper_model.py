@@ -134,8 +134,9 @@ class FlashWhisperModel(WhisperModel):
             outright (``decoding.SpeculativeDecoder``). The tokens' distribution is the
             target's either way.
         policy: decides per call whether the loop or ``generate()`` decodes it (default a new
-            ``CallRouter``); used only with ``adaptive``. Re-decodes have a policy of
-            their own (``self.model.redecode_policy``), which measures the loop first.
+            ``CallRouter``); used only with ``adaptive``. Re-decodes have routers of
+            their own, by the length of the previous hypothesis (``self.model.redecode_routers``,
+            ``routing.RedecodeRouters``), which measure the loop first.
         redecodes: remember, per thread, the last windows decoded greedily (their first second
             of audio and their tokens, ``redecodes.REMEMBERED`` of them), and offer a window's previous
             hypothesis to the loop when the same audio is decoded again, as streaming clients

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ct2_flash.runtime.draft_lengths import DraftLengths
-from ct2_flash.routing import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, CallRouter
+from ct2_flash.routing import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, CallRouter, RedecodeRouters
 
 from ct2_flash import FlashWhisperModel
 
@@ -248,16 +248,21 @@ def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(accepta
     assert not policy._judged_at.size  # the drafter's acceptance by position saw none of it
 
 
-def test_a_re_decode_policy_measures_the_loop_first_and_probes_the_loser_every_few_calls():
-    """``SpeculativeWhisper.redecode_policy``: the first calls go to the loop, then generate()
-    is measured, and however much the loop loses it is probed again every ``max_probe_interval``
-    calls (a growing buffer changes which way wins)."""
-    policy = CallRouter(loop_first=3, min_probe_interval=4, max_probe_interval=4, probe_interval=4, next_probe=4)
-    ways = []
-    for _ in range(16):
-        speculative = policy.speculate(1)
-        ways.append(speculative)
-        policy.record(speculative, 1, 0.030 if speculative else 0.010, 1)  # the loop 3x slower
-    assert ways[:4] == [True, True, True, False]  # three in the loop, then generate() is measured
-    probes = [index for index, way in enumerate(ways[4:], start=4) if way]
-    assert probes and all(b - a <= 4 for a, b in zip(probes, probes[1:])) and len(probes) >= 2
+def test_re_decodes_are_routed_by_the_length_of_their_previous_hypothesis():
+    """``RedecodeRouters``: one router per doubling of the previous hypothesis's length (one
+    under 8 tokens, one from 64 up); each measures the loop first, then generate(), and then
+    sends calls the cheaper way, probing the loser within CallRouter's budget."""
+    routers = RedecodeRouters()
+    assert [routers.bucket(n) for n in (0, 7, 8, 15, 16, 31, 32, 63, 64, 500)] == [0, 0, 8, 8, 16, 16, 32, 32, 64, 64]
+    assert routers.router(20) is routers.router(31) and routers.router(20) is not routers.router(32)
+    short, long = routers.router(4), routers.router(80)
+    ways = {id(short): [], id(long): []}
+    for _ in range(40):
+        for router, loop_seconds in ((short, 0.030), (long, 0.005)):  # the loop loses on short ones only
+            speculative = router.speculate(1)
+            ways[id(router)].append(speculative)
+            router.record(speculative, 1, loop_seconds if speculative else 0.010, 1)
+    for router in (short, long):
+        assert ways[id(router)][:3] == [True, True, False]  # two in the loop, then generate() is measured
+    assert sum(ways[id(short)][3:]) <= 3  # the loser, probed now and then
+    assert sum(ways[id(long)][3:]) >= 34
