@@ -46,6 +46,29 @@ def test_among_several_matches_the_one_nearest_the_expected_position_wins():
     assert realign(previous, [1, 2], TS, expected=5) == 5
 
 
+def test_a_match_on_part_of_the_context_is_taken_only_near_where_the_text_should_be():
+    """One common token matches all over a hypothesis: far from the expected position only a
+    match on the whole context counts (a false match offers a long block for nothing)."""
+    previous = [ts(0.0), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 16]
+    assert realign(previous, [ts(0.0), 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30, 1], TS) == 17  # near
+    assert realign(previous, [ts(0.0), 20, 21, 22, 23, 24, 25, 26, 27, 1], TS) is None  # 1 at 2 or 17: both far
+    assert realign(previous, [ts(0.0), 20, 12, 13, 14, 15], TS) == 16  # the whole context: anywhere
+
+
+def test_a_moved_boundary_is_offered_where_it_moved_to():
+    """A segment's end and the next one's start are one timestamp twice: once this decode has
+    moved it, the second is offered moved too."""
+    previous = [ts(0.0), 1, 2, ts(2.0), ts(2.0), 3, 4, ts(4.0), EOT]
+    drafter = HypothesisDrafter(Recording(), TS)
+    drafter.remember(previous)
+    drafter.begin(_window())
+    assert drafter.offered([ts(0.0)], 8) == (1, 2, ts(2.0), ts(2.0), 3, 4, ts(4.0), EOT)
+    # The target chose 2.4 where the block said 2.0: the next block starts with 2.4 too.
+    assert drafter.offered([ts(0.0), 1, 2, ts(2.4)], 8) == (ts(2.4), 3, 4, ts(4.0), EOT)
+    drafter.begin(_window())  # a new window forgets the moves (and, here, the hypothesis)
+    assert drafter.offered([ts(0.0), 1, 2, ts(2.4)], 8) == ()
+
+
 class Recording(Drafter):
     """Proposes (42,) and records what it was told."""
 

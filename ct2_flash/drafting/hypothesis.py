@@ -14,13 +14,17 @@ only decide speed: the target verifies every token.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal
 
 # Tokens of context matched when realigning: enough to tell repeated words apart, few enough
 # that a changed word just before the anchor does not hide the rest of the hypothesis.
 MAX_CONTEXT = 4
+# A match on fewer tokens than that is taken only this close (in tokens) to where the text is
+# thought to continue: one or two common tokens ("the", ".") match all over a hypothesis, and a
+# block offered from a false match costs a long pass for nothing.
+NEAR = 4
 # A timestamp stands for any timestamp when matching (the same boundary moves as audio grows).
 _ANY_TIMESTAMP = -1
 
@@ -30,10 +34,12 @@ def realign(previous: Sequence[int], generated: Sequence[int], timestamp_begin: 
     """Where the text after ``generated`` continues in ``previous``, or None.
 
     The position j such that ``previous[j - k:j]`` equals the last k tokens of ``generated``
-    for the largest k (up to ``max_context``) that matches anywhere, timestamps matching any
-    timestamp; among several such j, the one nearest ``expected`` (default: as many tokens in
-    as ``generated`` is, since both decodes start at the same audio). A lone timestamp is too
-    common to place the text by, except at the very start or next to ``expected``.
+    for the largest k (up to ``max_context``) that matches, timestamps matching any timestamp;
+    among several such j, the one nearest ``expected`` (default: as many tokens in as
+    ``generated`` is, since both decodes start at the same audio). A match on the whole
+    context (``max_context`` tokens, or all of ``generated`` where it is shorter) may lie
+    anywhere; a shorter one only within ``NEAR`` tokens of ``expected``. A lone timestamp is
+    too common to place the text by, except at the very start or next to ``expected``.
 
     Args:
         previous: [m] the previous decode's tokens (after the start-of-transcript sequence).
@@ -65,6 +71,8 @@ def _realign(key: Sequence[int], generated: Sequence[int], timestamp_begin: int,
             # One timestamp alone matches every segment boundary: only the one where the text
             # is thought to be (a changed last word, then the boundary as before).
             ends = [j for j in ends if abs(j - expected) <= 1]
+        elif size < len(tail):
+            ends = [j for j in ends if abs(j - expected) <= NEAR]
         if ends:
             return min(ends, key=lambda j: (abs(j - expected), j))
     return None
@@ -92,6 +100,8 @@ class HypothesisDrafter(Drafter):
         self._previous: Tuple[int, ...] = ()
         self._previous_keys: List[int] = []  # _keys(self._previous): matched every round
         self._cursor: Optional[Tuple[int, int]] = None  # (position in previous, len(generated) then)
+        self._last_offer: Optional[Tuple[int, Tuple[int, ...]]] = None  # (len(generated) then, block)
+        self._moved: Dict[int, int] = {}  # timestamp of the previous decode -> the one this decode chose
         self.offered_rounds = 0  # rounds that offered from it (for measurements)
 
     def remember(self, previous: Optional[Sequence[int]]) -> None:
@@ -101,14 +111,17 @@ class HypothesisDrafter(Drafter):
 
     def begin(self, window: DraftWindow) -> None:
         self._previous, self._next, self._cursor = self._next, (), None
+        self._last_offer, self._moved = None, {}
         self._previous_keys = _keys(self._previous, self.timestamp_begin)
         self.fallback.begin(window)
 
     def offered(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
         """The previous hypothesis from where ``generated`` continues in it (up to ``limit``
-        tokens), or nothing where it does not."""
+        tokens), or nothing where it does not; with every timestamp this decode already moved
+        (``_note_moved``) replaced by where it moved to."""
         if not self._previous:
             return ()
+        self._note_moved(generated)
         expected = None
         if self._cursor is not None:
             position, length = self._cursor
@@ -118,7 +131,29 @@ class HypothesisDrafter(Drafter):
             return ()
         self._cursor = (at, len(generated))
         self.offered_rounds += 1
-        return self._previous[at : at + limit]
+        block = self._previous[at : at + limit]
+        if self._moved:
+            block = tuple(self._moved.get(t, t) for t in block)
+        self._last_offer = (len(generated), block)
+        return block
+
+    def _note_moved(self, generated: Sequence[int]) -> None:
+        """Where the last offered block was refused at a timestamp for another timestamp,
+        remember the move: a segment's end and the next one's start are the same timestamp
+        (``<|t|><|t|>``), so a boundary that moved is refused twice otherwise, and the end of
+        the audio moves every timestamp that stood on it alike."""
+        if self._last_offer is None:
+            return
+        start, block = self._last_offer
+        self._last_offer = None
+        for offset, offered in enumerate(block):
+            if start + offset >= len(generated):
+                return
+            chosen = generated[start + offset]
+            if chosen != offered:
+                if offered >= self.timestamp_begin and chosen >= self.timestamp_begin:
+                    self._moved[offered] = chosen
+                return
 
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
         return self.fallback.propose(generated, num_tokens)
