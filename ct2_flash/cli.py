@@ -203,6 +203,14 @@ def _bench(args: argparse.Namespace) -> int:
                 versus, same = summary[f"speedup_vs_{name}"], summary[f"{name}_token_identity"]
                 print(f"  vs {label}: decode {_interval(versus['decode'])}, whole {_interval(versus['whole'])}, "
                       f"identical {_identity(same)}")
+        even = summary.get("break_even")
+        if even:
+            labels = {"baseline": "faster-whisper on this engine", **dict(_stock_labels(setting))}
+            print("  the loop pays above: " + ", ".join(
+                f"{tokens:.1f} tokens per target call against {labels.get(system, system)}"
+                for system, tokens in even["tokens_per_call"].items())
+                  + f" (a call cost {even['loop_call_ms']:.1f} ms, drafter and bookkeeping included; it made "
+                    f"{summary['tokens_per_target_call']:.2f})")
         engines = setting.get("engines") or {}
         if engines.get("stock_active"):
             calls = engines["generate_calls"]

@@ -340,6 +340,12 @@ def test_summary_counts_utterances_without_draft_rounds():
     assert summary["first_position_acceptance"] == 0.5 and summary["acceptance_rate"] == 0.5
     assert summary["tokens_per_target_call"] == 1.5
     assert summarise([row("none", [], [], 3, 3)])["first_position_acceptance"] is None
+    # The break-even: 2 x 0.6 s of loop work over 6 target calls, 200 ms a call; the baseline
+    # decoded 9 tokens in 2 s, 222 ms a token: a call pays from 0.9 tokens.
+    even = summary["break_even"]
+    assert even["loop_call_ms"] == pytest.approx(200.0)
+    assert even["tokens_per_call"]["baseline"] == pytest.approx(200.0 / (2000.0 / 9))
+    assert summarise([row("none", [], [], 3, 0)])["break_even"] is None  # no call in the loop
 
 
 def test_every_committed_result_names_its_cpu():

@@ -445,9 +445,24 @@ def summarise(rows: Sequence[dict]) -> dict:
         "other_calls": sum(r.get("other_calls", 0) for r in rows),
         "draft_round_ms": _ratio(1e3 * sum(r["flash"]["drafter"] for r in rows), sum(r["draft_rounds"] for r in rows)),
         "calibration": calibration_cells(rows),
+        "break_even": break_even(rows, systems, tokens),
         "systems": systems,
         "buckets": buckets,
     }
+
+
+def break_even(rows: Sequence[dict], systems: Dict[str, dict], tokens: int) -> Optional[dict]:
+    """What one of the loop's target calls cost in this run (its drafter, its verification,
+    prefill included, and its bookkeeping, over every target call), and the tokens a call
+    must emit to cost no more than each system's decode takes per output token: where the
+    loop pays. None where no call ran in the loop."""
+    calls = sum(r["target_calls"] for r in rows)
+    if not calls or not tokens:
+        return None
+    call_ms = 1e3 * sum(r["flash"]["drafter"] + r["flash"]["verify"] + r["flash"]["loop"] for r in rows) / calls
+    per_token = {system: 1e3 * entry["decode_seconds"] / tokens for system, entry in systems.items() if system != "flash"}
+    return {"loop_call_ms": call_ms, "decode_ms_per_token": per_token,
+            "tokens_per_call": {system: call_ms / ms for system, ms in per_token.items() if ms > 0}}
 
 
 def calibration_cells(rows: Sequence[dict]) -> List[List[dict]]:
