@@ -1,6 +1,7 @@
 """Speed under real faster-whisper clients: the client's own wall time for the same work, plainly
-on stock ctranslate2 (what its users run), plainly on this environment's patched runtime, and
-under ``ct2-flash run`` (its defaults).
+on stock ctranslate2 (what its users run), the same with the allocator an informed user sets
+without code (tcmalloc preloaded where installed: ``stock/allocator.py``), plainly on this
+environment's patched runtime, and under ``ct2-flash run`` (its defaults).
 
 - ``whisper-ctranslate2``: the CLI over all files in one process, greedy (``--beam_size 1``),
   txt output; the process's wall time, start-up and model load included (what its user waits).
@@ -9,7 +10,7 @@ under ``ct2-flash run`` (its defaults).
 - ``faster-whisper-server``: the server started once per system, ``beam_size: 1`` in its
   config; one ``POST /v1/audio/transcriptions`` per file, one after another; their time.
 
-The three systems run in turns, their order rotating each repeat, on the same files; every
+The four systems run in turns, their order rotating each repeat, on the same files; every
 system's outputs are compared with the plain stock run's (texts; the server's JSON without
 its scores, which agree to ~1e-6 between engines) on the files that the plain runs decoded
 alike (the clients keep faster-whisper's temperature fallback, which samples). ``--stats`` of the ct2-flash runs gives rows
@@ -38,6 +39,7 @@ from ct2_flash.benchmark.clients import (BIN, SYSTEMS, command, free_port, post_
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.engine.models import resolve_model
+from ct2_flash.stock.allocator import loaded_allocator, tuned_allocator
 
 CLIENTS = ("whisper-ctranslate2", "wyoming-faster-whisper", "faster-whisper-server")
 
@@ -70,10 +72,11 @@ def run_server(client: str, system: str, files: List[str], model: str, compute_t
         ask = lambda path: _without_scores(post_transcription(port, path))
     stats = os.path.join(work, "stats.json")
     argv, environment = command(system, program, stats)
-    with server(argv, environment, port, os.path.join(work, "server.log")):
+    with server(argv, environment, port, os.path.join(work, "server.log")) as process:
         ask(files[0])  # the server's first request loads what it loads lazily: not the work timed
+        allocator = loaded_allocator(process.pid)
         seconds, outputs = timed(lambda: [ask(path) for path in files])
-    return {"seconds": seconds, "outputs": outputs, "stats": _stats(stats)}
+    return {"seconds": seconds, "outputs": outputs, "stats": _stats(stats), "allocator_loaded": allocator}
 
 
 def _without_scores(answer: dict) -> dict:
@@ -111,7 +114,7 @@ def main() -> None:
         for client in args.clients:
             runs: Dict[str, List[dict]] = {system: [] for system in SYSTEMS}
             for repeat in range(args.repeats):
-                for system in SYSTEMS[repeat % 3:] + SYSTEMS[: repeat % 3]:
+                for system in SYSTEMS[repeat % len(SYSTEMS):] + SYSTEMS[: repeat % len(SYSTEMS)]:
                     with tempfile.TemporaryDirectory(prefix="ct2_flash_client_") as work:
                         if client == "whisper-ctranslate2":
                             run = run_cli(system, files, model, compute_type, args.threads, work)
@@ -129,7 +132,10 @@ def main() -> None:
                 "seconds_min_over_repeats": seconds,
                 "seconds_all": {system: [run["seconds"] for run in runs[system]] for system in SYSTEMS},
                 "speedup_vs_stock": seconds["plain"] / seconds["flash"],
+                "speedup_vs_tuned_stock": seconds["tuned"] / seconds["flash"],
                 "speedup_vs_same_engine": seconds["same"] / seconds["flash"],
+                # The servers' processes, read from /proc/PID/maps (the CLI's exits before).
+                "allocator_loaded": {system: runs[system][-1].get("allocator_loaded") for system in SYSTEMS},
                 "files_decoded_alike_by_plain_runs": len(stable),
                 "same_output_as_stock_on_those": {
                     system: sum(all(run["outputs"][i] == plain[i] for run in runs[system]) for i in stable)
@@ -137,6 +143,7 @@ def main() -> None:
                 "flash_stats": runs["flash"][-1]["stats"],
             }
     document = {"machine": machine(), "command": " ".join(sys.argv), "speech_set": args.speech_set,
+                "tuned_allocator": tuned_allocator().describe(),
                 "files": len(files), "model": args.model, "threads": args.threads, "repeats": args.repeats,
                 "results": results}
     write_result(args.out, document)
@@ -153,12 +160,13 @@ def plot(document: dict, path: str) -> None:
     figure, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
     for axis, (compute_type, clients) in zip(axes[0], results.items()):
         names = list(clients)
-        for offset, (key, label) in enumerate((("speedup_vs_stock", "vs stock"),
-                                               ("speedup_vs_same_engine", "vs same engine"))):
-            axis.bar([i + 0.4 * offset for i in range(len(names))], [clients[n][key] for n in names], width=0.4,
-                     label=label)
+        bars = (("speedup_vs_stock", "vs stock"), ("speedup_vs_tuned_stock", "vs tuned stock"),
+                ("speedup_vs_same_engine", "vs same engine"))
+        for offset, (key, label) in enumerate(bars):
+            axis.bar([i + 0.27 * offset for i in range(len(names))], [clients[n].get(key, 0.0) for n in names],
+                     width=0.27, label=label)
         axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=12, fontsize=8)
+        axis.set_xticks([i + 0.27 for i in range(len(names))], names, rotation=12, fontsize=8)
         axis.set_title(f"{compute_type}: client wall time, plain / ct2-flash run")
         axis.legend(fontsize=8)
     figure.suptitle(f"{document['files']} {document['speech_set']} files, {document['model']}, "

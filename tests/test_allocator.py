@@ -63,3 +63,16 @@ def test_a_preload_the_loader_refuses_leaves_glibc_and_the_child_runs(tmp_path):
     broken.write_bytes(b"not an ELF file")
     setting = Allocator("tcmalloc", str(broken), {"LD_PRELOAD": str(broken)})
     assert _maps_of_child(setting.environment(os.environ)) == "glibc"
+
+
+def test_the_client_harness_runs_tuned_stock_on_stock_with_the_tuned_allocator():
+    """``benchmark.clients.command``: the ``tuned`` system is ``plain`` (stock ctranslate2
+    first on the path) with the tuned allocator's variables; the others have none of them."""
+    from ct2_flash.benchmark.clients import command
+
+    _, plain = command("plain", ["client"])
+    _, tuned = command("tuned", ["client"])
+    assert tuned == tuned_allocator().environment(plain)
+    for system in ("plain", "same", "flash"):
+        _, environment = command(system, ["client"])
+        assert all(environment.get(key) == os.environ.get(key) for key in tuned_allocator().variables)

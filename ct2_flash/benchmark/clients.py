@@ -25,23 +25,29 @@ from typing import Dict, Iterator, List, Tuple
 import numpy as np
 from faster_whisper import decode_audio
 
+from ct2_flash.stock.allocator import tuned_allocator
 from ct2_flash.stock.location import environment_with, stock_dir
 
 BIN = os.path.dirname(sys.executable)
 CT2_FLASH = os.path.join(BIN, "ct2-flash")
-# plain: stock ctranslate2 first on the path; same: this environment's patched runtime.
-SYSTEMS = ("plain", "same", "flash")
+# plain: stock ctranslate2 first on the path; tuned: the same with the allocator a user sets
+# without code (stock/allocator.py: tcmalloc preloaded where installed); same: this
+# environment's patched runtime; flash: under ``ct2-flash run``.
+SYSTEMS = ("plain", "tuned", "same", "flash")
 SERVER_START_SECONDS = 120
 WYOMING_CHUNK_BYTES = 3200  # 0.1 s of 16 kHz 16-bit mono, as a microphone satellite sends
 
 
 def command(system: str, program: List[str], stats: str = "") -> Tuple[List[str], Dict[str, str]]:
     """(argv, environment) that run ``program`` (a console script path and its arguments) as
-    ``system``: ``plain`` on stock ctranslate2, ``same`` on the patched runtime, ``flash``
-    under ``ct2-flash run`` (with ``--stats stats`` when given)."""
+    ``system``: ``plain`` on stock ctranslate2, ``tuned`` the same with the tuned allocator,
+    ``same`` on the patched runtime, ``flash`` under ``ct2-flash run`` (with ``--stats stats``
+    when given)."""
     if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
-    environment = environment_with(stock_dir() if system == "plain" else "")
+    environment = environment_with(stock_dir() if system in ("plain", "tuned") else "")
+    if system == "tuned":
+        environment = tuned_allocator().environment(environment)
     if system == "flash":
         return [CT2_FLASH, "run", *(["--stats", stats] if stats else []), "--", *program], environment
     return list(program), environment
