@@ -25,6 +25,7 @@ Needs the clients: ``bash scripts/install.sh --clients``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -65,11 +66,11 @@ def run_server(client: str, system: str, files: List[str], model: str, compute_t
         program = [os.path.join(BIN, client), "--uri", f"tcp://127.0.0.1:{port}", "--model", model, "--data-dir",
                    os.path.join(work, "data"), "--stt-library", "faster-whisper", "--compute-type", compute_type,
                    "--beam-size", "1", "--cpu-threads", str(threads), "--language", "en"]
-        ask: Callable[[str], object] = lambda path: wyoming_transcript(port, path)
+        ask: Callable[[str], object] = functools.partial(wyoming_transcript, port)
     else:
         config = server_config(os.path.join(work, "config.yaml"), model, compute_type, threads)
         program = [os.path.join(BIN, client), "--config", config, "--host", "127.0.0.1", "--port", str(port)]
-        ask = lambda path: _without_scores(post_transcription(port, path))
+        ask = functools.partial(_posted_without_scores, port)
     stats = os.path.join(work, "stats.json")
     argv, environment = command(system, program, stats)
     with server(argv, environment, port, os.path.join(work, "server.log")) as process:
@@ -77,6 +78,10 @@ def run_server(client: str, system: str, files: List[str], model: str, compute_t
         allocator = loaded_allocator(process.pid)
         seconds, outputs = timed(lambda: [ask(path) for path in files])
     return {"seconds": seconds, "outputs": outputs, "stats": _stats(stats), "allocator_loaded": allocator}
+
+
+def _posted_without_scores(port: int, path: str) -> dict:
+    return _without_scores(post_transcription(port, path))
 
 
 def _without_scores(answer: dict) -> dict:

@@ -428,7 +428,7 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
     from ctranslate2 import StorageView
 
     from ct2_flash.drafting.base import DecodingOptions
-    
+
     model.eval()
     stats = decoder.stats
     stats.reset()
