@@ -20,14 +20,17 @@ LONG_FORM=$HOME/.cache/ct2_flash/long_form
 OUT=bench/results
 
 # Against tuned stock (faster-whisper on stock ctranslate2 with tcmalloc preloaded, beside plain
-# stock): prompts, long recordings, re-decodes, and what a target call costs.
+# stock): prompts, long recordings, re-decodes, what a target call costs, and the three clients.
 $PY -m ct2_flash.cli bench --speech-set mfa --compute-types int8 float32 --repeats 2 --stock --out $OUT/tuned_stock/mfa
 $PY bench/long_recordings.py --out "$LONG_FORM"
 $PY -m ct2_flash.cli bench --audio-dir "$LONG_FORM" --compute-types int8 float32 --repeats 2 --stock \
   --out $OUT/tuned_stock/long_form
 $PY bench/redecodes.py --compute-types float32 int8 --speech-set mfa --stream-seconds 50 --max-streams 1 --repeats 2 \
   --out $OUT/tuned_stock/redecodes.json
-$PY bench/engine_costs.py --out $OUT/engine_costs/engine_costs.json
+$PY bench/engine_costs.py --repeats 9 --out $OUT/engine_costs/engine_costs.json
+bash scripts/install.sh --clients
+$PY bench/clients.py --speech-set mfa --max-files 15 --compute-types int8 float32 --repeats 2 \
+  --out $OUT/tuned_stock/clients.json
 # The default model (the stock engine's worker on) against faster-whisper on stock ctranslate2
 # (and on the patched runtime), per real set and on the test clips.
 for set in mfa pocketsphinx; do
