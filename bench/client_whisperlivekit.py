@@ -17,10 +17,12 @@ own pace is the same loop with waits), once per system, in turns over ``--repeat
 - ``flash``: ``FlashWhisperModel`` (defaults: stock worker, re-decodes drafted);
 - ``same``: faster-whisper on this environment's engine (the patched runtime);
 - ``stock``: faster-whisper on stock ctranslate2, the same script in a child process with the
-  stock engine first on its path (what users run today).
+  stock engine first on its path (what users run today);
+- ``tuned_stock``: the same with the allocator a user sets without code (tcmalloc preloaded
+  where installed: ``stock/allocator.py``); each child reports the allocator its memory maps show.
 
 Needs whisperlivekit's light path only (its full install pulls a web server and torchaudio):
-``pip install --no-deps whisperlivekit==0.2.26 && pip install soundfile tiktoken`` (torch is
+``pip install --no-deps whisperlivekit==0.2.26 && pip install soundfile tiktoken numba`` (torch is
 the ``[train]`` extra's). Writes JSON: per system the time of every iteration, and the
 committed text, compared across systems.
 
@@ -42,6 +44,7 @@ import numpy as np
 
 CLIENT = "whisperlivekit==0.2.26"
 RATE = 16000
+SYSTEMS = ("flash", "same", "stock", "tuned_stock")
 
 
 def driven_asr(model, language: str):
@@ -103,7 +106,10 @@ def child(args) -> None:
         model.forget_windows()
         model.reset_spec_stats()
     runs = [stream(model, audio, args.chunk, args.language) for _ in range(args.repeats)]
-    result = {"system": args.system, "ctranslate2": ctranslate2.__version__, "runs": runs}
+    # loaded_allocator's check, written out: a stock child cannot import ct2_flash.
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        allocator = "tcmalloc" if "libtcmalloc" in maps.read() else "glibc"
+    result = {"system": args.system, "ctranslate2": ctranslate2.__version__, "runs": runs, "allocator": allocator}
     if args.system == "flash":
         stats = model.spec_stats
         result["loop"] = {"redecodes": stats.redecodes, "tokens_per_target_call": stats.tokens_per_call,
@@ -122,7 +128,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=float, default=1.0)
     parser.add_argument("--language", default="en")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=1, help="turns of the three systems (each runs --repeats)")
+    parser.add_argument("--rounds", type=int, default=1, help="turns of the four systems (each runs --repeats)")
     parser.add_argument("--out", default="")
     parser.add_argument("--system", default="", help=argparse.SUPPRESS)  # a child's system
     parser.add_argument("--model-path", default="", help=argparse.SUPPRESS)
@@ -133,11 +139,12 @@ def main() -> None:
     try:
         import whisperlivekit  # noqa: F401
     except ImportError:
-        sys.exit(f"needs {CLIENT}: pip install --no-deps {CLIENT} && pip install soundfile tiktoken")
+        sys.exit(f"needs {CLIENT}: pip install --no-deps {CLIENT} && pip install soundfile tiktoken numba")
     from importlib.metadata import version
 
     from ct2_flash import resolve_model
     from ct2_flash.benchmark.runner import machine
+    from ct2_flash.stock.allocator import tuned_allocator
     from ct2_flash.stock.location import environment_with, stock_dir
 
     from faster_whisper import decode_audio
@@ -146,8 +153,10 @@ def main() -> None:
     audio_seconds = decode_audio(args.audio).size / RATE
     results: dict = {}
     for round_index in range(args.rounds):
-        for system in ("flash", "same", "stock")[round_index % 3:] + ("flash", "same", "stock")[: round_index % 3]:
-            environment = environment_with(stock_dir() if system == "stock" else "")
+        for system in SYSTEMS[round_index % len(SYSTEMS):] + SYSTEMS[: round_index % len(SYSTEMS)]:
+            environment = environment_with(stock_dir() if system in ("stock", "tuned_stock") else "")
+            if system == "tuned_stock":
+                environment = tuned_allocator().environment(environment)
             command = [sys.executable, os.path.abspath(__file__), args.audio, "--system", system, "--model-path", path,
                        "--compute-type", args.compute_type, "--threads", str(args.threads), "--chunk", str(args.chunk),
                        "--language", args.language, "--repeats", str(args.repeats)]
@@ -155,7 +164,8 @@ def main() -> None:
             if done.returncode != 0:
                 sys.exit(f"{system} failed:\n{done.stderr[-3000:]}")
             answer = json.loads(done.stdout.strip().splitlines()[-1])
-            entry = results.setdefault(system, {"ctranslate2": answer["ctranslate2"], "runs": [], "loop": []})
+            entry = results.setdefault(system, {"ctranslate2": answer["ctranslate2"], "allocator": answer["allocator"],
+                                                "runs": [], "loop": []})
             entry["runs"] += answer["runs"]
             if "loop" in answer:
                 entry["loop"].append(answer["loop"])
@@ -173,8 +183,10 @@ def main() -> None:
         "machine": machine(), "summary": summary,
         "speedup_vs_same": summary["same"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
         "speedup_vs_stock": summary["stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
+        "speedup_vs_tuned_stock": summary["tuned_stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
+        "tuned_allocator": tuned_allocator().describe(),
         "committed_identical": {f"flash_vs_{other}": all(run == committed["flash"][0] for run in committed[other] + committed["flash"])
-                                for other in ("same", "stock")},
+                                for other in ("same", "stock", "tuned_stock")},
         "committed_text": "".join(word for _, _, word in committed["flash"][0]).strip(),
         "systems": results,
     }
@@ -183,7 +195,7 @@ def main() -> None:
         with open(args.out, "w", encoding="utf-8") as out:
             json.dump(document, out, indent=2)
     print(json.dumps({key: document[key] for key in ("summary", "speedup_vs_same", "speedup_vs_stock",
-                                                     "committed_identical")}, indent=2))
+                                                     "speedup_vs_tuned_stock", "committed_identical")}, indent=2))
 
 
 if __name__ == "__main__":
