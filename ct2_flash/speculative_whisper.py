@@ -117,8 +117,9 @@ class SpeculativeWhisper:
         # the fingerprint of a one-row window.
         self._encoded_audio = threading.local()
         # Per thread, the last windows decoded greedily: a re-decode of the same audio (a
-        # streaming client's growing buffer) is offered its previous hypothesis, and judged by
-        # a policy of its own, since how well the loop pays differs from fresh audio.
+        # streaming client's growing buffer) is offered its previous hypothesis, and routed by
+        # the length of that hypothesis (routing.RedecodeRouters), since how well the loop
+        # pays follows how much of the buffer it covers.
         self.recent = RecentWindows() if redecodes else None
         self.redecode_routers = RedecodeRouters()
         self._loop = threading.Lock()  # held by the one call in the speculative loop
