@@ -144,8 +144,9 @@ def main() -> None:
 
     from ct2_flash import resolve_model
     from ct2_flash.benchmark.runner import machine
+    from ct2_flash.benchmark.stock import stock_environment
     from ct2_flash.stock.allocator import tuned_allocator
-    from ct2_flash.stock.location import environment_with, stock_dir
+    from ct2_flash.stock.location import environment_with
 
     from faster_whisper import decode_audio
 
@@ -154,9 +155,8 @@ def main() -> None:
     results: dict = {}
     for round_index in range(args.rounds):
         for system in SYSTEMS[round_index % len(SYSTEMS):] + SYSTEMS[: round_index % len(SYSTEMS)]:
-            environment = environment_with(stock_dir() if system in ("stock", "tuned_stock") else "")
-            if system == "tuned_stock":
-                environment = tuned_allocator().environment(environment)
+            environment = (stock_environment(tuned=system == "tuned_stock") if system in ("stock", "tuned_stock")
+                           else environment_with(""))
             command = [sys.executable, os.path.abspath(__file__), args.audio, "--system", system, "--model-path", path,
                        "--compute-type", args.compute_type, "--threads", str(args.threads), "--chunk", str(args.chunk),
                        "--language", args.language, "--repeats", str(args.repeats)]

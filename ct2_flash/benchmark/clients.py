@@ -25,8 +25,8 @@ from typing import Dict, Iterator, List, Tuple
 import numpy as np
 from faster_whisper import decode_audio
 
-from ct2_flash.stock.allocator import tuned_allocator
-from ct2_flash.stock.location import environment_with, stock_dir
+from ct2_flash.benchmark.stock import stock_environment
+from ct2_flash.stock.location import environment_with
 
 BIN = os.path.dirname(sys.executable)
 CT2_FLASH = os.path.join(BIN, "ct2-flash")
@@ -45,9 +45,7 @@ def command(system: str, program: List[str], stats: str = "") -> Tuple[List[str]
     when given)."""
     if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
-    environment = environment_with(stock_dir() if system in ("plain", "tuned") else "")
-    if system == "tuned":
-        environment = tuned_allocator().environment(environment)
+    environment = stock_environment(tuned=system == "tuned") if system in ("plain", "tuned") else environment_with("")
     if system == "flash":
         return [CT2_FLASH, "run", *(["--stats", stats] if stats else []), "--", *program], environment
     return list(program), environment

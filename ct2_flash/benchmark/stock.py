@@ -150,6 +150,14 @@ class StockWorker:
         self.close()
 
 
+def stock_environment(tuned: bool = False) -> Dict[str, str]:
+    """This process's environment with stock ctranslate2 first on the path (what a stock
+    system's child runs on); with ``tuned``, also the tuned allocator's variables
+    (``stock.allocator.tuned_allocator``: tcmalloc preloaded where installed)."""
+    environment = environment_with(stock_dir())
+    return tuned_allocator().environment(environment) if tuned else environment
+
+
 def stock_systems(python: str, model_path: str, compute_type: str, threads: int, path: str = "") -> Dict[str, StockWorker]:
     """``STOCK_SYSTEMS`` name -> its ``StockWorker`` (arguments as the worker's); every one
     started is closed if another fails to start. A tuned system whose preload the loader

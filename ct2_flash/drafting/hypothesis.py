@@ -100,7 +100,7 @@ class HypothesisDrafter(Drafter):
         self._previous: Tuple[int, ...] = ()
         self._previous_keys: List[int] = []  # _keys(self._previous): matched every round
         self._cursor: Optional[Tuple[int, int]] = None  # (position in previous, len(generated) then)
-        self._last_offer: Optional[Tuple[int, Tuple[int, ...]]] = None  # (len(generated) then, block)
+        self._last_block: Tuple[int, ...] = ()  # offered when generated was self._cursor[1] long
         self._moved: Dict[int, int] = {}  # timestamp of the previous decode -> the one this decode chose
         self.offered_rounds = 0  # rounds that offered from it (for measurements)
 
@@ -111,7 +111,7 @@ class HypothesisDrafter(Drafter):
 
     def begin(self, window: DraftWindow) -> None:
         self._previous, self._next, self._cursor = self._next, (), None
-        self._last_offer, self._moved = None, {}
+        self._last_block, self._moved = (), {}
         self._previous_keys = _keys(self._previous, self.timestamp_begin)
         self.fallback.begin(window)
 
@@ -134,7 +134,7 @@ class HypothesisDrafter(Drafter):
         block = self._previous[at : at + limit]
         if self._moved:
             block = tuple(self._moved.get(t, t) for t in block)
-        self._last_offer = (len(generated), block)
+        self._last_block = block
         return block
 
     def _note_moved(self, generated: Sequence[int]) -> None:
@@ -142,10 +142,10 @@ class HypothesisDrafter(Drafter):
         remember the move: a segment's end and the next one's start are the same timestamp
         (``<|t|><|t|>``), so a boundary that moved is refused twice otherwise, and the end of
         the audio moves every timestamp that stood on it alike."""
-        if self._last_offer is None:
+        block, self._last_block = self._last_block, ()
+        if not block:
             return
-        start, block = self._last_offer
-        self._last_offer = None
+        start = self._cursor[1]
         for offset, offered in enumerate(block):
             if start + offset >= len(generated):
                 return
