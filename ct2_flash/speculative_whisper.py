@@ -59,6 +59,21 @@ def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> 
     return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
 
 
+# The most tokens a greedy decode of a window with this much audio makes when it does not
+# repeat itself: a margin for the prompt's echo and the timestamps, and twice the fastest speech
+# measured (about 3 tokens a second on the re-decodes of docs/measurements.md, "A decode that
+# outgrows its audio"). Past it, ``generate()`` is stopped and the loop finishes the window.
+PLAUSIBLE_BASE_TOKENS = 32
+PLAUSIBLE_TOKENS_PER_SECOND = 6
+ENCODER_FRAMES_PER_SECOND = 50
+
+
+def longest_plausible(audio_frames: int) -> int:
+    """The cap of ``SpeculativeWhisper._generate_or_continue`` for a window whose audio fills
+    ``audio_frames`` encoder frames."""
+    return PLAUSIBLE_BASE_TOKENS + (PLAUSIBLE_TOKENS_PER_SECOND * audio_frames) // ENCODER_FRAMES_PER_SECOND
+
+
 _BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy decoding)"
 _INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
                  "most windows but not all: docs/exactness.md)")
@@ -200,7 +215,7 @@ class SpeculativeWhisper:
                 if in_loop:
                     results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
                 else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                    results = self.engines.generate(encoder_output, prompts, **kwargs)
+                    results = self._generate_or_continue(encoder_output, prompts, options, kwargs, busy=speculative)
         finally:
             if held:
                 self._loop.release()
@@ -217,6 +232,52 @@ class SpeculativeWhisper:
             self.recent.remember(fingerprint, remembered_tokens(
                 decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
         return results
+
+    def _generate_or_continue(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
+                              busy: bool) -> list:
+        """``generate()``, stopped where a one-row greedy decode outgrows its audio
+        (``longest_plausible``) and finished in the loop, which offers the tokens so far and
+        then the decode's own repeats (``HypothesisDrafter``).
+
+        A decode that outgrows its audio is nearly always Whisper repeating itself to the length
+        limit on a window with little or no audio (the window after a seek, a buffer's last
+        second), which ``generate()`` decodes token by token and the loop in blocks. The tokens
+        are the same either way: a greedy decode stopped early is the first tokens of the whole
+        one, and the loop decodes the window afresh, verifying them. Where the loop cannot take
+        it (busy, or a model it does not run), the whole call goes to ``generate()`` again.
+        """
+        cap = self._continuation_cap(encoder_output, prompts, options)
+        if cap is None or busy:
+            return self.engines.generate(encoder_output, prompts, **kwargs)
+        layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
+        results = self.engines.generate(encoder_output, prompts, **dict(kwargs, max_length=layout.max_length_for(cap)))
+        decoded = results[0].sequences_ids[0]
+        if len(decoded) < cap:  # it ended: the whole call's result
+            return results
+        if not self._loop.acquire(blocking=False):
+            return self.engines.generate(encoder_output, prompts, **kwargs)
+        try:
+            self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
+            if not self._drafter_opens():
+                return self.engines.generate(encoder_output, prompts, **kwargs)
+            with self._counting:
+                self.stats.continued_rows += 1
+            return self._speculative_rows(encoder_output, prompts, options, kwargs, tuple(decoded))
+        finally:
+            self._loop.release()
+
+    def _continuation_cap(self, encoder_output, prompts, options: DecodingOptions) -> Optional[int]:
+        """Tokens after which ``_generate_or_continue`` hands a call to the loop, or None where it
+        does not (several rows, sampling, a model the loop does not run, unknown audio length, or
+        a cap at or above the call's own budget)."""
+        if len(prompts) != 1 or options.sampling or self.inexact_reason is not None:
+            return None
+        encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
+        if encoded is not encoder_output or not frames:
+            return None
+        cap = longest_plausible(frames[0])
+        layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
+        return cap if cap < layout.max_steps(options.max_length) else None
 
     def _drafter_opens(self) -> bool:
         """Open the drafter before the loop's first window (the loop lock is held). One that
@@ -247,11 +308,12 @@ class SpeculativeWhisper:
 
     def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
                           previous: Optional[Sequence[int]] = None) -> list:
-        """The rows of a call decoded in the loop; ``previous``: the previous hypothesis of a
-        one-row call's window, offered by a ``HypothesisDrafter`` around the model's drafter."""
+        """The rows of a call decoded in the loop, by a ``HypothesisDrafter`` around the model's
+        drafter: it offers ``previous`` (the previous hypothesis of a one-row call's window, or
+        the tokens ``generate()`` made before it stopped), and each row's own repeats."""
         encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
         frames = frames if encoded is encoder_output else None
-        if previous is not None:
+        if not isinstance(self.decoder.drafter, HypothesisDrafter):
             drafter = HypothesisDrafter(self.decoder.drafter, self.decoder.runtime.special.timestamp_begin)
             drafter.remember(previous)
             with self.decoder.use_drafter(drafter, self.decoder.adaptive):

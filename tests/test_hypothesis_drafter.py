@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ct2_flash.drafting.base import DecodingOptions, DraftWindow, Drafter, Proposal
-from ct2_flash.drafting.hypothesis import HypothesisDrafter, realign
+from ct2_flash.drafting.hypothesis import HypothesisDrafter, realign, repeated
 
 TS = 1000  # the first timestamp id in these tables; words are small ids
 
@@ -155,3 +155,28 @@ def test_recent_windows_are_bounded_per_thread_and_replaced_by_the_same_audio():
     assert seen == [None]  # another thread's stream is its own
     windows.clear()
     assert windows.recall(prints[2]) is None
+
+
+@pytest.mark.parametrize("case, generated, limit, expected", [
+    ("one token said again and again", [5, 7, 7, 7, 7, 7, 7, 7], 3, (7, 7, 7)),
+    ("a sentence said again", [9, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6], 8, (1, 2, 3, 4, 5, 6, 1, 2)),
+    ("the repeated unit is the latest one", [1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5, 6], 2, (8, 1)),
+    ("five tokens again are not enough", [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5], 4, ()),
+    ("no repeat", list(range(20)), 4, ()),
+    ("nothing asked", [7] * 10, 0, ()),
+])
+def test_a_decode_that_repeats_itself_is_offered_its_repeats(case, generated, limit, expected):
+    assert repeated(generated, limit) == expected, case
+
+
+def test_the_previous_hypothesis_goes_before_the_decodes_own_repeats():
+    drafter = HypothesisDrafter(Recording(), TS)
+    drafter.remember([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7])
+    drafter.begin(_window())
+    looping = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    assert drafter.offered(looping, 3) == (7,)  # the hypothesis goes on with 7, not with 1 again
+    assert drafter.offered(looping + [7, 1, 2, 3, 4, 5, 6, 7], 3) == (1, 2, 3)  # past its end: the repeats
+    assert (drafter.offered_rounds, drafter.repeat_rounds) == (1, 1)
+    without = HypothesisDrafter(Recording(), TS)
+    without.begin(_window())
+    assert without.offered(looping, 2) == (1, 2)

@@ -113,3 +113,62 @@ def test_only_a_one_row_batch_on_the_host_has_a_fingerprint():
     assert window_fingerprint(np.zeros((1, 80, 3000), np.float32)) is not None
     assert window_fingerprint(np.zeros((2, 80, 3000), np.float32)) is None
     assert window_fingerprint(object()) is None
+
+
+# A decode that outgrows its audio: generate() stops, the loop finishes the window.
+
+# whisperlivekit's buffer at 74 s of the test clip (trimmed at 66.02 s) and its committed-text
+# prompt: the window after the seek holds 0.02 s of audio, where tiny.en says one token again
+# and again up to the length limit.
+LOOPING_BUFFER = (1056320, 1184000)
+LOOPING_PROMPT = (" where a connecting service departs 20 minutes later. refreshments are available in Coachec. "
+                  "I work waterly report shows revenue of 42 million and increase of 11% over last")
+
+
+def _routed_to_generate(monkeypatch, flash):
+    """Every greedy call goes to generate() first (a fresh router, no re-decodes)."""
+    from ct2_flash.routing import CallRouter
+
+    monkeypatch.setattr(flash.model, "recent", None)
+    monkeypatch.setattr(flash.model, "policy", CallRouter())
+    flash.reset_spec_stats()
+
+
+def _with_scores(model, audio, **options):
+    segments, _ = model.transcribe(audio, **options)
+    return [((tuple(s.tokens), s.start, s.end, s.text), s.avg_logprob, s.no_speech_prob) for s in segments]
+
+
+def test_a_decode_stopped_early_is_finished_in_the_loop_exactly(float32_pair, clips, monkeypatch):
+    """With the cap at 4 tokens every window is stopped and finished in the loop: the same
+    segments, words and scores as faster-whisper's."""
+    from ct2_flash import speculative_whisper
+
+    flash = float32_pair.flash
+    _routed_to_generate(monkeypatch, flash)
+    monkeypatch.setattr(speculative_whisper, "PLAUSIBLE_BASE_TOKENS", 4)
+    monkeypatch.setattr(speculative_whisper, "PLAUSIBLE_TOKENS_PER_SECOND", 0)
+    options = dict(beam_size=1, word_timestamps=True)
+    windows = 0
+    for name in ("clip08_slt.ogg", "clip03_rms.ogg"):
+        audio = clips[name]
+        expected = _with_scores(float32_pair.baseline, audio, **options)
+        got = _with_scores(flash, audio, **options)
+        assert [segment for segment, _, _ in got] == [segment for segment, _, _ in expected], name
+        assert [score for _, score, _ in got] == pytest.approx([score for _, score, _ in expected], abs=1e-4)
+        assert [p for _, _, p in got] == pytest.approx([p for _, _, p in expected], abs=1e-4)
+        windows += 1
+    assert flash.spec_stats.continued_rows >= windows
+    assert flash.spec_stats.generate_rows >= windows
+
+
+def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_decodes_it(float32_pair, clips,
+                                                                                           monkeypatch):
+    flash = float32_pair.flash
+    _routed_to_generate(monkeypatch, flash)
+    audio = clips["long_multi_voice.ogg"][LOOPING_BUFFER[0] : LOOPING_BUFFER[1]]
+    options = dict(beam_size=1, word_timestamps=True, temperature=0.0, initial_prompt=LOOPING_PROMPT)
+    assert segments_of(flash, audio, **options) == float32_pair.reference("looping", audio, **options)
+    stats = flash.spec_stats
+    assert stats.continued_rows >= 1
+    assert stats.emitted >= 200 and stats.target_calls < stats.emitted / 4  # the repeats went in blocks

@@ -250,3 +250,13 @@ def test_host_arrays_view_cpu_buffers_and_copy_gpu_ones():
     assert np.array_equal(host_array(single), values) and single.calls == [("to_device", ctranslate2.Device.cpu)]
     row = on_device_of(values[:, :1], cpu)  # a row of a CPU batch stays on the CPU, float32
     assert row.device == "cpu" and np.array_equal(np.asarray(row), values[:, :1])
+
+
+@pytest.mark.parametrize("start_index", [0, 1, 3, 80, 223])
+def test_a_budget_of_n_steps_has_a_max_length(start_index):
+    """``max_length_for`` inverts CTranslate2's greedy budget for any prompt length."""
+    from ct2_flash.runtime.target import PromptLayout
+
+    layout = PromptLayout(sot_index=start_index, start_index=start_index, length=start_index + 1)
+    for steps in range(1, 225):
+        assert layout.max_steps(layout.max_length_for(steps)) == steps

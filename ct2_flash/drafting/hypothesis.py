@@ -27,6 +27,35 @@ MAX_CONTEXT = 4
 NEAR = 4
 # A timestamp stands for any timestamp when matching (the same boundary moves as audio grows).
 _ANY_TIMESTAMP = -1
+# Where the previous hypothesis has nothing, the decode's own text is offered again once its
+# last this-many tokens stood earlier in it: a decode that repeats itself (Whisper's loops on
+# a window with little or no audio: "The water was worth every mile." until the length limit)
+# says the same again, and a run this long rarely recurs in speech that does not.
+REPEAT_CONTEXT = 6
+
+
+def repeated(generated: Sequence[int], limit: int, context: int = REPEAT_CONTEXT) -> Tuple[int, ...]:
+    """What follows ``generated`` if it repeats itself: where its last ``context`` tokens
+    occurred before (the latest such place), the tokens since then, repeated with that period,
+    up to ``limit`` tokens; nothing where they did not occur.
+
+    Args:
+        generated: [n] the decode's tokens so far (ending with the anchor).
+        limit: the most tokens to offer.
+        context: tokens that must match.
+    Returns:
+        [<= limit] the offered tokens.
+    """
+    n = len(generated)
+    if limit <= 0 or n <= context:
+        return ()
+    tail = list(generated[-context:])
+    for start in range(n - context - 1, -1, -1):
+        if list(generated[start : start + context]) == tail:
+            period = n - context - start  # the repeated unit is the last `period` tokens
+            cycle = generated[n - period :]
+            return tuple(int(cycle[j % period]) for j in range(limit))
+    return ()
 
 
 def realign(previous: Sequence[int], generated: Sequence[int], timestamp_begin: int,
@@ -79,7 +108,8 @@ def _realign(key: Sequence[int], generated: Sequence[int], timestamp_begin: int,
 
 
 class HypothesisDrafter(Drafter):
-    """Offers the previous hypothesis of this window's audio; ``fallback`` proposes.
+    """Offers the previous hypothesis of this window's audio, and where it has nothing the
+    decode's own text where that repeats itself (``repeated``); ``fallback`` proposes.
 
     The fallback sees every window and every round (``begin``, ``advance``,
     ``observe_position``), so that its own cache is whole whenever it has to propose.
@@ -103,6 +133,7 @@ class HypothesisDrafter(Drafter):
         self._last_block: Tuple[int, ...] = ()  # offered when generated was self._cursor[1] long
         self._moved: Dict[int, int] = {}  # timestamp of the previous decode -> the one this decode chose
         self.offered_rounds = 0  # rounds that offered from it (for measurements)
+        self.repeat_rounds = 0  # rounds that offered the decode's own repeated text
 
     def remember(self, previous: Optional[Sequence[int]]) -> None:
         """The previous hypothesis of the window the next ``begin`` starts (None: none), its
@@ -117,8 +148,18 @@ class HypothesisDrafter(Drafter):
 
     def offered(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
         """The previous hypothesis from where ``generated`` continues in it (up to ``limit``
-        tokens), or nothing where it does not; with every timestamp this decode already moved
-        (``_note_moved``) replaced by where it moved to."""
+        tokens), with every timestamp this decode already moved (``_note_moved``) replaced by
+        where it moved to; where it has nothing, ``generated`` repeated if it repeats itself;
+        otherwise nothing."""
+        block = self._from_previous(generated, limit)
+        if block:
+            return block
+        block = repeated(generated, limit)
+        self.repeat_rounds += int(bool(block))
+        return block
+
+    def _from_previous(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
+        """``offered`` from the previous hypothesis alone."""
         if not self._previous:
             return ()
         self._note_moved(generated)

@@ -347,16 +347,20 @@ class SpeculativeDecoder:
         drafter computes, then how many of its drafts are verified), drawn from the drafter's
         distribution under sampling."""
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
-        count = min(self.num_draft_tokens, state.steps_left - 1) if state.drafting else 0
+        count = min(self.num_draft_tokens, state.steps_left - 1)
         if count <= 0 or not state.strategy.guard.allows_drafts():
             return Draft()
-        # Tokens known for free (a previous hypothesis of this audio) go first, as a long block.
+        # Tokens known for free (a previous hypothesis of this audio, the decode's own repeats)
+        # go first, as a long block, also while the drafter's proposals are paused: they cost
+        # nothing to propose.
         offered = drafter.offered(state.generated, min(MAX_OFFERED, state.steps_left - 1))
         verified = self.lengths.offered(len(offered)) if state.lengths else len(offered)
         if verified:
             tokens = tuple(offered[:verified])
             draft = state.strategy.drafts(Proposal(tokens=tokens), tokens, (), state.rules, state.generated)
             return dataclasses.replace(draft, offered=True)
+        if not state.drafting:
+            return Draft()
         if state.lengths and self.drafter.proposes_prefixes:
             # The proposal's cost grows with its rows: ask only for those likely to pay.
             count = self.lengths.rows(count)
@@ -379,7 +383,7 @@ class SpeculativeDecoder:
             if kept_rows > 0:
                 drafter.advance(columns[:kept_rows] if columns is not None else None, target.length)
         elif drafter.needs_states and state.resume_at < math.inf:
-            state.pending_states.append(drafter.states_of(columns[:1]))
+            state.pending_states.append(drafter.states_of(columns[:max(kept_rows, 1)]))
 
     def _resume_drafting(self, state: "_Decoding", drafter: TimedDrafter, cache_length: int) -> None:
         """Hand the drafter the states of the plain steps and judge drafting afresh."""

@@ -41,6 +41,8 @@ class SpecStats:
             does not implement them (beam search, options it does not handle).
         generate_rows: rows decoded by CTranslate2's ``generate()`` because speculation
             measured slower (``routing.CallRouter``) or the loop was busy.
+        continued_rows: one-row greedy calls sent to ``generate()`` that outgrew their audio
+            (``speculative_whisper.longest_plausible``) and were finished in the loop.
         redecodes: greedy calls whose window's audio the same thread decoded before (its
             previous hypothesis is offered, ``redecodes.RecentWindows``).
         offered_rounds: rounds that verified offered tokens (a previous hypothesis of the
@@ -80,6 +82,7 @@ class SpecStats:
     generate_rows: int = 0
     busy_calls: int = 0
     redecodes: int = 0
+    continued_rows: int = 0
     offered_rounds: int = 0
     offered: int = 0
     offered_accepted: int = 0

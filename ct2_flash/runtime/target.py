@@ -63,6 +63,10 @@ class PromptLayout:
         and end of text included) a call with ``max_length`` may produce."""
         return min(max_length // 2, max_length - self.start_index)
 
+    def max_length_for(self, steps: int) -> int:
+        """The ``max_length`` whose greedy budget (``max_steps``) is ``steps`` tokens (>= 1)."""
+        return max(2 * steps, steps + self.start_index)
+
 
 @dataclass
 class PrefillResult:
