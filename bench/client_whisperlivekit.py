@@ -8,8 +8,13 @@ beam_size=5, word_timestamps=True, condition_on_previous_text=True)`` with the b
 written into the call, so it cannot be redirected by options alone. It is driven here by a
 subclass that changes exactly two things: ``load_model`` returns the model given
 (``FlashWhisperModel`` or faster-whisper's own), and ``transcribe`` is the same call with
-``beam_size=1`` (greedy; ct2-flash decodes only greedy and sampled calls speculatively).
+``beam_size=1`` (greedy; ct2-flash decodes only greedy and sampled calls speculatively) and,
+by default, ``temperature=0`` (``--temperature client`` keeps faster-whisper's fallback list).
 Everything else (the hypothesis buffer, the prompt, segment trimming at 15 s) is the client's.
+The fallback's retries are random draws (several samples at temperatures 0.2 to 1.0) whose
+lengths, and so their times, differ from run to run and from system to system: on this clip
+they took half of each system's time, enough to decide a comparison of one run by chance
+(docs/measurements.md, "whisperlivekit against tuned stock").
 
 The file is fed ``--chunk`` seconds per iteration as fast as the machine runs (the client's
 own pace is the same loop with waits), once per system, in turns over ``--repeats``:
@@ -47,8 +52,9 @@ RATE = 16000
 SYSTEMS = ("flash", "same", "stock", "tuned_stock")
 
 
-def driven_asr(model, language: str):
-    """whisperlivekit's faster-whisper backend on ``model``, greedy."""
+def driven_asr(model, language: str, temperature=0.0):
+    """whisperlivekit's faster-whisper backend on ``model``, greedy at ``temperature`` (a
+    number, or faster-whisper's fallback list where None)."""
     from whisperlivekit.local_agreement.backends import FasterWhisperASR
 
     class Driven(FasterWhisperASR):
@@ -56,9 +62,10 @@ def driven_asr(model, language: str):
             return model
 
         def transcribe(self, audio, init_prompt=""):
+            chosen = {} if temperature is None else {"temperature": temperature}
             segments, _ = self.model.transcribe(audio, language=self.original_language, initial_prompt=init_prompt,
                                                 beam_size=1, word_timestamps=True, condition_on_previous_text=True,
-                                                **self.transcribe_kargs)
+                                                **chosen, **self.transcribe_kargs)
             return list(segments)
 
     asr = Driven(language)
@@ -68,11 +75,11 @@ def driven_asr(model, language: str):
     return asr
 
 
-def stream(model, audio: np.ndarray, chunk_seconds: float, language: str) -> dict:
+def stream(model, audio: np.ndarray, chunk_seconds: float, language: str, temperature=0.0) -> dict:
     """Replay ``audio`` through the client: seconds per iteration, and the committed words."""
     from whisperlivekit.local_agreement.online_asr import OnlineASRProcessor
 
-    processor = OnlineASRProcessor(driven_asr(model, language))
+    processor = OnlineASRProcessor(driven_asr(model, language, temperature))
     chunk = int(chunk_seconds * RATE)
     seconds, committed = [], []
     for start in range(0, audio.size, chunk):
@@ -101,11 +108,12 @@ def child(args) -> None:
         model = WhisperModel(args.model_path, compute_type=args.compute_type, cpu_threads=args.threads)
     import ctranslate2
 
-    stream(model, audio[: 5 * RATE], args.chunk, args.language)  # warm-up
+    temperature = None if args.temperature == "client" else float(args.temperature)
+    stream(model, audio[: 5 * RATE], args.chunk, args.language, temperature)  # warm-up
     if args.system == "flash":
         model.forget_windows()
         model.reset_spec_stats()
-    runs = [stream(model, audio, args.chunk, args.language) for _ in range(args.repeats)]
+    runs = [stream(model, audio, args.chunk, args.language, temperature) for _ in range(args.repeats)]
     # loaded_allocator's check, written out: a stock child cannot import ct2_flash.
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         allocator = "tcmalloc" if "libtcmalloc" in maps.read() else "glibc"
@@ -113,6 +121,7 @@ def child(args) -> None:
     if args.system == "flash":
         stats = model.spec_stats
         result["loop"] = {"redecodes": stats.redecodes, "tokens_per_target_call": stats.tokens_per_call,
+                          "continued_rows": stats.continued_rows,
                           "rows_in_loop": stats.generate_calls, "rows_in_generate": stats.generate_rows,
                           "offered": stats.offered, "offered_accepted": stats.offered_accepted}
         model.model.engines.close()
@@ -127,6 +136,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chunk", type=float, default=1.0)
     parser.add_argument("--language", default="en")
+    parser.add_argument("--temperature", default="0",
+                        help="a number, or 'client' for faster-whisper's fallback list (sampled retries: random)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="turns of the four systems (each runs --repeats)")
     parser.add_argument("--out", default="")
@@ -159,7 +170,7 @@ def main() -> None:
                            else environment_with(""))
             command = [sys.executable, os.path.abspath(__file__), args.audio, "--system", system, "--model-path", path,
                        "--compute-type", args.compute_type, "--threads", str(args.threads), "--chunk", str(args.chunk),
-                       "--language", args.language, "--repeats", str(args.repeats)]
+                       "--language", args.language, "--repeats", str(args.repeats), "--temperature", args.temperature]
             done = subprocess.run(command, capture_output=True, text=True, env=environment)
             if done.returncode != 0:
                 sys.exit(f"{system} failed:\n{done.stderr[-3000:]}")
@@ -180,6 +191,7 @@ def main() -> None:
         "what": f"{CLIENT} LocalAgreement processor (beam_size=1) replaying a file, per system",
         "client": CLIENT, "client_version": version("whisperlivekit"), "audio": args.audio,
         "audio_seconds": audio_seconds, "model": args.model, "compute_type": args.compute_type, "chunk_seconds": args.chunk,
+        "temperature": args.temperature,
         "machine": machine(), "summary": summary,
         "speedup_vs_same": summary["same"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
         "speedup_vs_stock": summary["stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
