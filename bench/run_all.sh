@@ -33,7 +33,9 @@ $PY bench/clients.py --speech-set mfa --max-files 15 --compute-types int8 float3
   --out $OUT/tuned_stock/clients.json
 $PY -m pip install --quiet --no-deps whisperlivekit==0.2.26 && $PY -m pip install --quiet soundfile tiktoken numba
 $PY bench/client_whisperlivekit.py tests/data/long_multi_voice.ogg --compute-type float32 --repeats 1 \
-  --out $OUT/tuned_stock/whisperlivekit.json
+  --out $OUT/tuned_stock/whisperlivekit_t0.json
+$PY bench/client_whisperlivekit.py tests/data/long_multi_voice.ogg --compute-type float32 --repeats 1 \
+  --temperature client --out $OUT/tuned_stock/whisperlivekit.json
 # The default model (the stock engine's worker on) against faster-whisper on stock ctranslate2
 # (and on the patched runtime), per real set and on the test clips.
 for set in mfa pocketsphinx; do
