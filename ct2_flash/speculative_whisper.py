@@ -62,8 +62,8 @@ def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> 
 # The most tokens a greedy decode of a window with this much audio makes when it does not
 # repeat itself: a margin for the prompt's echo and the timestamps, and twice the fastest speech
 # measured (about 3 tokens a second under whisperlivekit: docs/measurements.md, "whisperlivekit
-# against tuned stock, and a decode that
-# outgrows its audio"). Past it, ``generate()`` is stopped and the loop finishes the window.
+# against tuned stock, and a decode that outgrows its audio"). Past it, ``generate()`` is
+# stopped and the loop finishes the window.
 PLAUSIBLE_BASE_TOKENS = 32
 PLAUSIBLE_TOKENS_PER_SECOND = 6
 ENCODER_FRAMES_PER_SECOND = 50
