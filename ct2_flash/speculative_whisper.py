@@ -67,6 +67,11 @@ def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> 
 PLAUSIBLE_BASE_TOKENS = 32
 PLAUSIBLE_TOKENS_PER_SECOND = 6
 ENCODER_FRAMES_PER_SECOND = 50
+# A call is stopped only where the budget leaves at least 1/LEFT_PER_CAPPED of the cap to
+# decode after it: the loop verifies the tokens so far again (32 to a pass, about 2.4
+# generate() tokens a pass at float32), which a full window's last few tokens do not repay
+# (tiny.en's "aaaa..." on a 30 s window of a long recording: cap 212 of 224).
+LEFT_PER_CAPPED = 4
 
 
 def longest_plausible(audio_frames: int) -> int:
@@ -278,7 +283,8 @@ class SpeculativeWhisper:
             return None
         cap = longest_plausible(frames[0])
         layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
-        return cap if cap < layout.max_steps(options.max_length) else None
+        left = layout.max_steps(options.max_length) - cap
+        return cap if left * LEFT_PER_CAPPED >= cap else None
 
     def _drafter_opens(self) -> bool:
         """Open the drafter before the loop's first window (the loop lock is held). One that
