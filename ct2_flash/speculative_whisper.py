@@ -61,16 +61,14 @@ def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> 
 
 # The most tokens a greedy decode of a window with this much audio makes when it does not
 # repeat itself: a margin for the prompt's echo and the timestamps, and twice the fastest speech
-# measured (about 3 tokens a second under whisperlivekit: docs/measurements.md, "whisperlivekit
-# against tuned stock, and a decode that outgrows its audio"). Past it, ``generate()`` is
-# stopped and the loop finishes the window.
+# measured. Past it, ``generate()`` is stopped and the loop finishes the window. (The figures
+# behind this constant and the next: docs/measurements.md, "Figures behind the code's constants".)
 PLAUSIBLE_BASE_TOKENS = 32
 PLAUSIBLE_TOKENS_PER_SECOND = 6
 ENCODER_FRAMES_PER_SECOND = 50
 # A call is stopped only where the budget leaves at least 1/LEFT_PER_CAPPED of the cap to
-# decode after it: the loop verifies the tokens so far again (32 to a pass, about 2.4
-# generate() tokens a pass at float32), which a full window's last few tokens do not repay
-# (tiny.en's "aaaa..." on a 30 s window of a long recording: cap 212 of 224).
+# decode after it: the loop verifies the tokens so far again, which a full window's last few
+# tokens do not repay.
 LEFT_PER_CAPPED = 4
 
 
