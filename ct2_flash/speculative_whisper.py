@@ -273,7 +273,7 @@ class SpeculativeWhisper:
     def _continuation_cap(self, encoder_output, prompts, options: DecodingOptions) -> Optional[int]:
         """Tokens after which ``_generate_or_continue`` hands a call to the loop, or None where it
         does not (several rows, sampling, a model the loop does not run, unknown audio length, or
-        a cap at or above the call's own budget)."""
+        a cap that would leave less than 1/``LEFT_PER_CAPPED`` of itself of the call's budget)."""
         if len(prompts) != 1 or options.sampling or self.inexact_reason is not None:
             return None
         encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
