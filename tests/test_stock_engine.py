@@ -125,7 +125,7 @@ class OnePatched(EngineRouter):
 def test_greedy_calls_run_on_the_engine_the_policy_picks(model_path, float32_pair, clips):
     """Greedy generate() on the patched runtime, over one copy of the worker's encoding per
     window; beam search stays in the worker."""
-    from .test_policy import ForcedGenerate
+    from .test_routing import ForcedGenerate
 
     # Every call outside the loop (no re-decodes: their policy tries the loop first).
     flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True,
