@@ -212,9 +212,7 @@ class SpeculativeWhisper:
         held = in_loop = speculative and self._loop.acquire(blocking=repeatable)
         try:
             if in_loop:
-                # A model deferred until its first use loads here, not in the call the policy times.
-                self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
-                in_loop = speculative = self._drafter_opens()
+                in_loop = speculative = self._loop_ready()
             with Stopwatch() as watch:
                 if in_loop:
                     results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
@@ -250,19 +248,18 @@ class SpeculativeWhisper:
         one, and the loop decodes the window afresh, verifying them. Where the loop cannot take
         it (busy, or a model it does not run), the whole call goes to ``generate()`` again.
         """
-        cap = self._continuation_cap(encoder_output, prompts, options)
-        if cap is None or busy:
+        capped = None if busy else self._continuation_cap(encoder_output, prompts, options)
+        if capped is None:
             return self.engines.generate(encoder_output, prompts, **kwargs)
-        layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
-        results = self.engines.generate(encoder_output, prompts, **dict(kwargs, max_length=layout.max_length_for(cap)))
+        cap, max_length = capped
+        results = self.engines.generate(encoder_output, prompts, **dict(kwargs, max_length=max_length))
         decoded = results[0].sequences_ids[0]
         if len(decoded) < cap:  # it ended: the whole call's result
             return results
         if not self._loop.acquire(blocking=False):
             return self.engines.generate(encoder_output, prompts, **kwargs)
         try:
-            self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
-            if not self._drafter_opens():
+            if not self._loop_ready():
                 return self.engines.generate(encoder_output, prompts, **kwargs)
             with self._counting:
                 self.stats.continued_rows += 1
@@ -270,11 +267,13 @@ class SpeculativeWhisper:
         finally:
             self._loop.release()
 
-    def _continuation_cap(self, encoder_output, prompts, options: DecodingOptions) -> Optional[int]:
-        """Tokens after which ``_generate_or_continue`` hands a call to the loop, or None where it
-        does not (several rows, sampling, a model the loop does not run, unknown audio length, or
-        a cap that would leave less than 1/``LEFT_PER_CAPPED`` of itself of the call's budget)."""
-        if len(prompts) != 1 or options.sampling or self.inexact_reason is not None:
+    def _continuation_cap(self, encoder_output, prompts, options: DecodingOptions) -> Optional[Tuple[int, int]]:
+        """(tokens after which ``_generate_or_continue`` hands a call to the loop, the
+        ``max_length`` that stops ``generate()`` there), or None where it does not (several rows,
+        sampling, unknown audio length, or a cap that would leave less than 1/``LEFT_PER_CAPPED``
+        of itself of the call's budget). Calls the loop cannot run never get here
+        (``_fallback_reason``)."""
+        if len(prompts) != 1 or options.sampling:
             return None
         encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
         if encoded is not encoder_output or not frames:
@@ -282,7 +281,14 @@ class SpeculativeWhisper:
         cap = longest_plausible(frames[0])
         layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
         left = layout.max_steps(options.max_length) - cap
-        return cap if left * LEFT_PER_CAPPED >= cap else None
+        return (cap, layout.max_length_for(cap)) if left * LEFT_PER_CAPPED >= cap else None
+
+    def _loop_ready(self) -> bool:
+        """Whether the loop can take the call whose thread holds the loop lock: a model deferred
+        until its first use loads here (not in the call a router times), and the drafter opens
+        (``_drafter_opens``)."""
+        self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
+        return self._drafter_opens()
 
     def _drafter_opens(self) -> bool:
         """Open the drafter before the loop's first window (the loop lock is held). One that

@@ -226,14 +226,21 @@ class PromptLookupDrafter(Drafter):
     def propose(self, generated: Sequence[int], num_tokens: int) -> Proposal:
         history = list(self._prompt) + list(generated)
         for size in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
-            pattern = history[-size:]
-            # Latest earlier occurrence first: recent context predicts best.
-            for start in range(len(history) - size - 1, -1, -1):
-                if history[start : start + size] == pattern:
-                    follow = history[start + size : start + size + num_tokens]
-                    if follow:
-                        return Proposal(tokens=tuple(follow))
+            # Latest earlier occurrence: recent context predicts best.
+            start = latest_occurrence(history, size)
+            if start is not None:
+                return Proposal(tokens=tuple(history[start + size : start + size + num_tokens]))
         return Proposal(tokens=())
+
+
+def latest_occurrence(history: Sequence[int], size: int) -> Optional[int]:
+    """Where the last ``size`` tokens of ``history`` occurred before (the latest start that
+    leaves at least one token between that occurrence's end and the end), or None."""
+    pattern = list(history[-size:])
+    for start in range(len(history) - size - 1, -1, -1):
+        if list(history[start : start + size]) == pattern:
+            return start
+    return None
 
 
 def cut_by_confidence(proposal: Proposal, min_confidence: float) -> Proposal:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal
+from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal, latest_occurrence
 
 # Tokens of context matched when realigning: enough to tell repeated words apart, few enough
 # that a changed word just before the anchor does not hide the rest of the hypothesis.
@@ -49,13 +49,12 @@ def repeated(generated: Sequence[int], limit: int, context: int = REPEAT_CONTEXT
     n = len(generated)
     if limit <= 0 or n <= context:
         return ()
-    tail = list(generated[-context:])
-    for start in range(n - context - 1, -1, -1):
-        if list(generated[start : start + context]) == tail:
-            period = n - context - start  # the repeated unit is the last `period` tokens
-            cycle = generated[n - period :]
-            return tuple(int(cycle[j % period]) for j in range(limit))
-    return ()
+    start = latest_occurrence(generated, context)
+    if start is None:
+        return ()
+    period = n - context - start  # the repeated unit is the last `period` tokens
+    cycle = generated[n - period :]
+    return tuple(int(cycle[j % period]) for j in range(limit))
 
 
 def realign(previous: Sequence[int], generated: Sequence[int], timestamp_begin: int,
