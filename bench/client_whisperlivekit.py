@@ -11,10 +11,10 @@ subclass that changes exactly two things: ``load_model`` returns the model given
 ``beam_size=1`` (greedy; ct2-flash decodes only greedy and sampled calls speculatively) and,
 by default, ``temperature=0`` (``--temperature client`` keeps faster-whisper's fallback list).
 Everything else (the hypothesis buffer, the prompt, segment trimming at 15 s) is the client's.
-The fallback's retries are random draws (several samples at temperatures 0.2 to 1.0) whose
-lengths, and so their times, differ from run to run and from system to system: on this clip
-they took half of each system's time, enough to decide a comparison of one run by chance
-(docs/measurements.md, "whisperlivekit against tuned stock").
+The fallback's retries are random draws (several samples at temperatures above 0) whose
+lengths, and so their times, differ from run to run and from system to system, enough to
+decide a comparison of one run by chance (how much on the test clip: docs/measurements.md,
+"whisperlivekit against tuned stock").
 
 The file is fed ``--chunk`` seconds per iteration as fast as the machine runs (the client's
 own pace is the same loop with waits), once per system, in turns over ``--repeats``:
