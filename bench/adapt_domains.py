@@ -30,7 +30,7 @@ import subprocess
 import sys
 from typing import Dict, List
 
-from _common import TEST_CLIPS, save_figure, write_result
+from ct2_flash.benchmark.scripts import TEST_CLIPS, save_figure, write_result
 
 OTHER = {"mfa": "pocketsphinx", "pocketsphinx": "mfa", "asterisk": "pocketsphinx"}
 

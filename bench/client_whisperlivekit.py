@@ -83,7 +83,7 @@ def stream(model, audio: np.ndarray, chunk_seconds: float, language: str, temper
     chunk = int(chunk_seconds * RATE)
     seconds, committed = [], []
     for start in range(0, audio.size, chunk):
-        # Its own clock: the "stock" child runs on stock ctranslate2, where _common (which
+        # Its own clock: the "stock" child runs on stock ctranslate2, where ct2_flash.benchmark.scripts (which
         # imports ct2_flash) cannot load.
         began = time.perf_counter()
         processor.insert_audio_chunk(audio[start : start + chunk])

@@ -13,8 +13,15 @@ environment's patched runtime, and under ``ct2-flash run`` (its defaults).
 The four systems run in turns, their order rotating each repeat, on the same files; every
 system's outputs are compared with the plain stock run's (texts; the server's JSON without
 its scores, which agree to ~1e-6 between engines) on the files that the plain runs decoded
-alike (the clients keep faster-whisper's temperature fallback, which samples). ``--stats`` of the ct2-flash runs gives rows
-in the loop, rows through ``generate()`` and tokens per target call.
+alike. ``--stats`` of the ct2-flash runs gives rows in the loop, rows through ``generate()``
+and tokens per target call.
+
+Greedy at ``temperature=0`` by default, as the comparison should be: whisper-ctranslate2 with
+``--temperature_increment_on_fallback None``, faster-whisper-server with ``temperature=0`` in
+each request. wyoming-faster-whisper has no such option, so it always keeps faster-whisper's
+fallback list, as do all three with ``--temperature client``: a window that fails the
+fallback's thresholds is decoded again by random draws at temperatures 0.2 to 1.0, whose
+lengths, and so times, differ between any two runs.
 
     python bench/clients.py --speech-set mfa --max-files 40 --compute-types int8 float32 \\
         --out bench/results/clients/clients.json
@@ -33,8 +40,9 @@ import sys
 import tempfile
 from typing import Callable, Dict, List
 
-from _common import machine, save_figure, timed, write_result
+from ct2_flash.benchmark.scripts import machine, save_figure, timed, write_result
 
+from ct2_flash.audio import SAMPLE_AUDIO
 from ct2_flash.benchmark.clients import (BIN, SYSTEMS, command, free_port, post_transcription, server, server_config,
                                          wyoming_transcript)
 from ct2_flash.benchmark.manifest import read_manifest
@@ -45,11 +53,13 @@ from ct2_flash.stock.allocator import loaded_allocator, tuned_allocator
 CLIENTS = ("whisper-ctranslate2", "wyoming-faster-whisper", "faster-whisper-server")
 
 
-def run_cli(system: str, files: List[str], model: str, compute_type: str, threads: int, work: str) -> dict:
+def run_cli(system: str, files: List[str], model: str, compute_type: str, threads: int, work: str,
+            fallback: bool) -> dict:
     out = os.path.join(work, "out")
     program = [os.path.join(BIN, "whisper-ctranslate2"), *files, "--model_directory", model, "--compute_type",
                compute_type, "--beam_size", "1", "--threads", str(threads), "--language", "en", "--output_dir", out,
-               "--output_format", "txt", "--verbose", "False"]
+               "--output_format", "txt", "--verbose", "False",
+               *([] if fallback else ["--temperature_increment_on_fallback", "None"])]
     stats = os.path.join(work, "stats.json")
     argv, environment = command(system, program, stats)
     seconds, _ = timed(lambda: subprocess.run(argv, env=environment, check=True, stdout=subprocess.DEVNULL,
@@ -60,7 +70,7 @@ def run_cli(system: str, files: List[str], model: str, compute_type: str, thread
 
 
 def run_server(client: str, system: str, files: List[str], model: str, compute_type: str, threads: int,
-               work: str) -> dict:
+               work: str, fallback: bool) -> dict:
     port = free_port()
     if client == "wyoming-faster-whisper":
         program = [os.path.join(BIN, client), "--uri", f"tcp://127.0.0.1:{port}", "--model", model, "--data-dir",
@@ -70,18 +80,20 @@ def run_server(client: str, system: str, files: List[str], model: str, compute_t
     else:
         config = server_config(os.path.join(work, "config.yaml"), model, compute_type, threads)
         program = [os.path.join(BIN, client), "--config", config, "--host", "127.0.0.1", "--port", str(port)]
-        ask = functools.partial(_posted_without_scores, port)
+        ask = functools.partial(_posted_without_scores, port, {} if fallback else {"temperature": "0"})
     stats = os.path.join(work, "stats.json")
     argv, environment = command(system, program, stats)
     with server(argv, environment, port, os.path.join(work, "server.log")) as process:
-        ask(files[0])  # the server's first request loads what it loads lazily: not the work timed
+        # The server's first request loads what it loads lazily: not the work timed. Other audio
+        # than the timed files', so that ct2-flash's re-decode memory finds none of them.
+        ask(SAMPLE_AUDIO)
         allocator = loaded_allocator(process.pid)
         seconds, outputs = timed(lambda: [ask(path) for path in files])
     return {"seconds": seconds, "outputs": outputs, "stats": _stats(stats), "allocator_loaded": allocator}
 
 
-def _posted_without_scores(port: int, path: str) -> dict:
-    return _without_scores(post_transcription(port, path))
+def _posted_without_scores(port: int, fields: Dict[str, str], path: str) -> dict:
+    return _without_scores(post_transcription(port, path, fields=fields))
 
 
 def _without_scores(answer: dict) -> dict:
@@ -110,10 +122,14 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=CLIENTS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--temperature", default="0", choices=["0", "client"],
+                        help="0: greedy without the fallback where the client allows it (wyoming does not); "
+                             "client: each client's own fallback list")
     parser.add_argument("--out", default="bench/results/clients/clients.json")
     args = parser.parse_args()
     files = [u.path for u in read_manifest(fetch(args.speech_set))][: args.max_files]
     model = resolve_model(args.model)
+    fallback = args.temperature == "client"
     results: Dict[str, dict] = {}
     for compute_type in args.compute_types:
         for client in args.clients:
@@ -122,13 +138,13 @@ def main() -> None:
                 for system in SYSTEMS[repeat % len(SYSTEMS):] + SYSTEMS[: repeat % len(SYSTEMS)]:
                     with tempfile.TemporaryDirectory(prefix="ct2_flash_client_") as work:
                         if client == "whisper-ctranslate2":
-                            run = run_cli(system, files, model, compute_type, args.threads, work)
+                            run = run_cli(system, files, model, compute_type, args.threads, work, fallback)
                         else:
-                            run = run_server(client, system, files, model, compute_type, args.threads, work)
+                            run = run_server(client, system, files, model, compute_type, args.threads, work, fallback)
                     runs[system].append(run)
                     print(f"{compute_type} {client} {system}: {run['seconds']:.1f} s", file=sys.stderr)
             plain = runs["plain"][0]["outputs"]
-            # The clients keep faster-whisper's temperature fallback: a window that fails its
+            # Where a client keeps faster-whisper's temperature fallback, a window that fails its
             # thresholds is sampled, and differs between any two runs. Outputs are compared on
             # the files every plain run decoded alike.
             stable = [i for i in range(len(files)) if all(run["outputs"][i] == plain[i] for run in runs["plain"])]
@@ -150,6 +166,7 @@ def main() -> None:
     document = {"machine": machine(), "command": " ".join(sys.argv), "speech_set": args.speech_set,
                 "tuned_allocator": tuned_allocator().describe(),
                 "files": len(files), "model": args.model, "threads": args.threads, "repeats": args.repeats,
+                "temperature": args.temperature,
                 "results": results}
     write_result(args.out, document)
     plot(document, os.path.splitext(args.out)[0] + ".png")

@@ -30,7 +30,7 @@ import time
 from typing import Dict, List
 
 # The child runs stock ctranslate2 where it is first on the path: it imports nothing from
-# ct2_flash (whose import checks for the patched runtime), so _common is imported in main().
+# ct2_flash (whose import checks for the patched runtime), so ct2_flash.benchmark.scripts is imported in main().
 TEST_CLIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 ROWS = (1, 2, 4, 9, 17, 33)
 LENGTHS = (10, 70)  # tokens of two generate() calls whose difference gives the per-token slope
@@ -142,7 +142,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure_child(**json.loads(args.child))))
         return
-    from _common import write_result
+    from ct2_flash.benchmark.scripts import write_result
     settings = []
     for compute_type in args.compute_types:
         for threads in args.threads:

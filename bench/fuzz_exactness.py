@@ -23,7 +23,7 @@ import json
 import os
 from collections import Counter
 
-from _common import write_result
+from ct2_flash.benchmark.scripts import write_result
 
 
 def main() -> None:

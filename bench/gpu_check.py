@@ -40,7 +40,7 @@ import traceback
 from typing import Callable, Dict, List
 
 import numpy as np
-from _common import median_ms, write_result
+from ct2_flash.benchmark.scripts import median_ms, write_result
 from redecodes import buffer_ends, pieces
 
 import ctranslate2

@@ -32,7 +32,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from _common import TEST_CLIPS, save_figure, write_result
+from ct2_flash.benchmark.scripts import TEST_CLIPS, save_figure, write_result
 
 from ct2_flash.benchmark.stock import STOCK_SYSTEMS
 from ct2_flash.runtime.stats import OFFERED_ENDS

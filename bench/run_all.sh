@@ -29,8 +29,8 @@ $PY bench/redecodes.py --compute-types float32 int8 --speech-set mfa --stream-se
   --out $OUT/tuned_stock/redecodes.json
 $PY bench/engine_costs.py --repeats 9 --out $OUT/engine_costs/engine_costs.json
 bash scripts/install.sh --clients
-$PY bench/clients.py --speech-set mfa --max-files 15 --compute-types int8 float32 --repeats 2 \
-  --out $OUT/tuned_stock/clients.json
+$PY bench/clients.py --speech-set mfa --max-files 15 --compute-types float32 int8 --repeats 3 \
+  --out $OUT/tuned_stock/clients_t0.json
 $PY -m pip install --quiet --no-deps whisperlivekit==0.2.26 && $PY -m pip install --quiet soundfile tiktoken numba
 $PY bench/client_whisperlivekit.py tests/data/long_multi_voice.ogg --compute-type float32 --repeats 1 \
   --out $OUT/tuned_stock/whisperlivekit_t0.json
@@ -48,7 +48,7 @@ $PY -m ct2_flash.cli bench --audio-dir tests/data --compute-types int8 float32 -
 $PY -m ct2_flash.cli bench --speech-set mfa --compute-types int8 float32 --repeats 2 --stock --word-timestamps \
   --out $OUT/word_timestamps/mfa
 # Greedy generate() on either engine from the worker's encoder output: the same tokens?
-$PY bench/fork_generate.py --out $OUT/stock_engine/fork_generate.json
+$PY bench/studies/fork_generate.py --out $OUT/stock_engine/fork_generate.json
 # Real speech against faster-whisper on the same engine and on stock ctranslate2, all in this
 # process (stock_engine=False).
 $PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --speech-set pocketsphinx --compute-types int8 float32 \
@@ -62,8 +62,8 @@ for variant in "timestamps" "no_timestamps --no-timestamps" "near_exact_timestam
     --out $OUT/int8_default/$name
 done
 # The stock engine's worker: its channel per window, and its memory.
-$PY bench/stock_worker_overhead.py --out $OUT/stock_worker/overhead.json
-$PY bench/stock_worker_memory.py --rounds 2 --out $OUT/stock_worker/memory.json
+$PY bench/studies/stock_worker_overhead.py --out $OUT/stock_worker/overhead.json
+$PY bench/studies/stock_worker_memory.py --rounds 2 --out $OUT/stock_worker/memory.json
 # Temperature sampling through the loop: the default model, and drafting every round.
 $PY -m ct2_flash.cli bench --no-stock-engine --speech-set mfa --limit 40 --compute-types int8 --temperatures 0 0.2 0.4 0.6 0.8 1.0 \
   --repeats 1 --out $OUT/sampling_default
@@ -90,28 +90,28 @@ $PY -m ct2_flash.cli bench --no-stock-engine --model base --speech-set mfa --lim
 $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --compute-types float32 int8 --repeats 3 --out $OUT/synthetic_test_clips
 $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --compute-types float32 --repeats 5 --out $OUT/synthetic_test_clips_repeat
 # A new model's first call (what a one-file process gets), and the previous policy start.
-$PY bench/first_calls.py --speech-set mfa --limit 16 --out $OUT/first_calls/int8.json
+$PY bench/studies/first_calls.py --speech-set mfa --limit 16 --out $OUT/first_calls/int8.json
 # A process that transcribes one file: import, build, first call and exit, each system.
 $PY bench/startup.py --out $OUT/startup/startup.json
 # Transcribing from a path: what reading the file costs each system.
-$PY bench/file_input.py --out $OUT/file_input/int8.json
+$PY bench/studies/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --repeats 3 --stock --out $OUT/thread_throughput/default_vs_stock.json
 $PY bench/thread_throughput.py --threads 1 2 --cpu-threads 1 --repeats 3 --stock --out $OUT/thread_throughput/one_thread_each.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
-$PY bench/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
+$PY bench/studies/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
 # Where a verified block's bookkeeping goes, in the loop and replayed warm.
-$PY bench/bookkeeping.py --out $OUT/bookkeeping/int8.json
+$PY bench/studies/bookkeeping.py --out $OUT/bookkeeping/int8.json
 # The draft round by drafter shape (random weights): the floor under any training.
-$PY bench/round_floor.py --repeats 400 --out $OUT/round_floor/int8.json
+$PY bench/studies/round_floor.py --repeats 400 --out $OUT/round_floor/int8.json
 # What asking a causal drafter for fewer rows buys (the v2 run's drafters have causal blocks;
 # the shipped one does not): CAUSAL_DRAFTER names a converted one, e.g. one written by
 # python -m ct2_flash.train snapshot --run $DATA/runs/v2 --out DIR.
 if [[ -n ${CAUSAL_DRAFTER:-} ]]; then
-  $PY bench/draft_rows.py --drafter "$CAUSAL_DRAFTER" --out $OUT/draft_rows/"$(basename "$CAUSAL_DRAFTER")".json
+  $PY bench/studies/draft_rows.py --drafter "$CAUSAL_DRAFTER" --out $OUT/draft_rows/"$(basename "$CAUSAL_DRAFTER")".json
 fi
 # Where the shipped drafter's first draft misses on real speech, and whether its shortlist is why.
-$PY bench/drafter_misses.py --out $OUT/drafter_misses/shipped.json
+$PY bench/studies/drafter_misses.py --out $OUT/drafter_misses/shipped.json
 # BatchedInferencePipeline: three ~2.4-minute recordings made of the real clips.
 if [[ ! -d $LONG_REAL ]]; then
   mkdir -p "$LONG_REAL"
@@ -147,18 +147,18 @@ $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir "$LONG_REAL" --compute-
 $PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 float32 --batch-sizes 4 8 16 --repeats 3 --stock \
   --out $OUT/batched_vs_stock
 # The draft round on full 30 s windows (where the position window matters).
-$PY bench/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
+$PY bench/studies/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
   --out $OUT/draft_round/int8_long.json
 # The int8 guard: verified rows against single steps, and identity against generate() by margin.
-$PY bench/guard_margin.py --compute-type int8 --limit 30 --out $OUT/guard_margin/int8.json
+$PY bench/studies/guard_margin.py --compute-type int8 --limit 30 --out $OUT/guard_margin/int8.json
 # Where the loop, forced, leaves generate(): the deciding pass and both sides' margins.
-$PY bench/int8_differences.py --out $OUT/int8_differences/int8.json
-$PY bench/int8_differences.py --compute-type float32 --out $OUT/int8_differences/float32.json
+$PY bench/studies/int8_differences.py --out $OUT/int8_differences/int8.json
+$PY bench/studies/int8_differences.py --compute-type float32 --out $OUT/int8_differences/float32.json
 # Soak: 1,000 transcriptions in one process (about 45 minutes): memory, files, threads.
 $PY bench/soak.py --calls 1000 --threads 1 --out $OUT/soak/soak.json
 # Training speed, on whatever teacher data exists.
 if [[ -f $DATA/teacher.jsonl ]]; then
-  $PY bench/train_speed.py --steps 15 --out $OUT/train_speed.json
+  $PY bench/studies/train_speed.py --steps 15 --out $OUT/train_speed.json
 fi
 
 # Earlier measurements (docs/history.md): only with the training data.
@@ -214,16 +214,16 @@ $PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type float3
   --modes every_round --out $OUT/adapt
 $PY bench/adapt_domains.py --domain asterisk --holdout 0.2 --compute-type int8 --sets held_out --out $OUT/adapt
 # The ceiling on those held-out halves: an always-right drafter.
-$PY bench/adapt_ceiling.py --out $OUT/adapt/ceiling.json
-$PY bench/adapt_ablation.py --domain mfa --out $OUT/adapt/ablation.json
-$PY bench/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt --out $OUT/adapt/bf16.json
+$PY bench/studies/adapt_ceiling.py --out $OUT/adapt/ceiling.json
+$PY bench/studies/adapt_ablation.py --domain mfa --out $OUT/adapt/ablation.json
+$PY bench/studies/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt --out $OUT/adapt/bf16.json
 
 # Speed under real faster-whisper clients, plain (stock and patched) and under ct2-flash run
 # (needs bash scripts/install.sh --clients).
 $PY bench/clients.py --speech-set mfa --max-files 40 --compute-types int8 float32 --out $OUT/clients/clients.json
 
 # The loop's token scores against the engine's, per engine ISA (docs/exactness.md).
-$PY bench/score_accuracy.py --out $OUT/score_accuracy/score_accuracy.json
+$PY bench/studies/score_accuracy.py --out $OUT/score_accuracy/score_accuracy.json
 
 # Not here: bench/results/gpu/check.json needs an NVIDIA GPU (bench/gpu_check.sh says how).
 

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from _common import save_figure, write_result
+from ct2_flash.benchmark.scripts import save_figure, write_result
 
 
 def resident_mb() -> float:

@@ -3,7 +3,7 @@
 Each run is a new Python process (what a command-line run or a serverless call is) that imports
 its library, builds tiny.en and transcribes one file greedily; the process's wall time
 (interpreter start and exit included, the worker's shutdown with it) is measured from outside,
-its phases from inside. Systems, in turns (``_common.interleaved``):
+its phases from inside. Systems, in turns (``ct2_flash.benchmark.scripts.interleaved``):
 
 - ``faster-whisper``: ``WhisperModel`` on stock ctranslate2 (the worker's private install
   first on ``PYTHONPATH``), what its users run;
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from _common import interleaved, write_result
+from ct2_flash.benchmark.scripts import interleaved, write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import interleaved, machine, write_result
+from ct2_flash.benchmark.scripts import interleaved, machine, write_result
 
 # Greedy, no fallback: every system decodes the same calls.
 OPTIONS = dict(beam_size=1, temperature=0.0)

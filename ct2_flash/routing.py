@@ -11,19 +11,18 @@ same either way: ``generate()`` is the call faster-whisper itself makes.
 
 ``generate()`` goes first: it is measured on the first call (of each batch size), and the
 loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later. That first
-probe costs what the loser loses on one call, up to half a call or more on the CPUs measured
-(the patched greedy decode at float32 on an AMD EPYC 1.45x stock's, the loop's first call with
-its one-time setup 2-5x a plain one), before anything tells which way wins: after 16 calls it
-is a few percent of the decoding so far, and a process that transcribes a few short files (a
-command-line run, a serverless call: 1-15 windows) never pays it (with the first probe at call
-4 it cost the 15 test clips 3% of their whole path: docs/measurements.md). A loop that pays
-starts 16 calls late.
+probe costs what the loser loses on one call, which can be half a call or more (the loop's
+first call pays its one-time setup), before anything tells which way wins: after 16 calls it
+is a small share of the decoding so far, and a process that transcribes a few short files (a
+command-line run, a serverless call: 1-15 windows) never pays it (what an earlier first probe
+cost: docs/measurements.md, "Figures behind the code's constants"). A loop that pays starts 16
+calls late.
 
 Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
 The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles
 each time a probe confirms the loser, up to ``MAX_PROBE_INTERVAL`` calls; so a way that loses
 by 2x (a batch of 16 rows decoded one by one, say) is probed once in 64 calls, and one that
-loses by 5% once in 4, then 8, ... calls.
+loses by a twentieth once in 4, then 8, ... calls.
 """
 
 from __future__ import annotations
@@ -106,7 +105,7 @@ class CallRouter:
         counts as much as the tokens it produced. Every call has a fixed part (the first step
         reads the whole encoder output), so a 5-token call costs 1.5-2x more per token than a
         100-token one on either way; weighting calls equally let one short call tip the choice
-        (measured: four long windows in a row sent to a loop 25% slower).
+        (measured: four long windows in a row sent to a slower loop).
 
         Args:
             speculative: which way it ran.
@@ -182,7 +181,7 @@ class EngineRouter:
     """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in
     the stock worker: the worker (what faster-whisper users run) or the patched runtime, on a
     copy of the encoding. The two engines' greedy decoders differ in speed by CPU, compute type
-    and allocator, not in tokens (``bench/fork_generate.py`` measures that).
+    and allocator, not in tokens (``bench/studies/fork_generate.py`` measures that).
 
     By default (``measure=False``) every such call stays in the worker: it holds the encoding
     and runs under the tuned allocator (``stock/allocator.py``), which the patched runtime in

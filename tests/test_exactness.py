@@ -168,7 +168,7 @@ def test_int8_windows_are_identical_where_documented(model_path, clips, kind):
 ])
 def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, clips, kind, names):
     """At int8 a multi-token pass leaves cache entries that move later near-ties
-    (``bench/int8_differences.py``), so by default no call runs the loop there, even with
+    (``bench/studies/int8_differences.py``), so by default no call runs the loop there, even with
     every round asked to draft: the segments, timestamps and word times are faster-whisper's
     on every clip, and one warning says why and what to do."""
     from .conftest import ModelPair, _PAIRS

@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from faster_whisper import decode_audio
@@ -111,12 +111,15 @@ def wyoming_transcript(port: int, path: str, language: str = "en", timeout: floa
     return asyncio.run(exchange())
 
 
-def post_transcription(port: int, path: str, timeout: float = 300) -> dict:
-    """``POST /v1/audio/transcriptions`` (multipart form, ``verbose_json``) of ``path`` to the
-    OpenAI-compatible server on ``port``; its JSON answer."""
+def post_transcription(port: int, path: str, timeout: float = 300, fields: Optional[Dict[str, str]] = None) -> dict:
+    """``POST /v1/audio/transcriptions`` (multipart form, ``verbose_json`` and ``fields``, for
+    example ``{"temperature": "0"}``) of ``path`` to the OpenAI-compatible server on ``port``;
+    its JSON answer."""
     boundary = uuid.uuid4().hex
+    form = {"response_format": "verbose_json", **(fields or {})}
     body = b"".join([
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\nverbose_json\r\n".encode(),
+        *(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n".encode()
+          for name, value in form.items()),
         f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{os.path.basename(path)}\"\r\n"
         "Content-Type: application/octet-stream\r\n\r\n".encode(),
         open(path, "rb").read(),

@@ -3,7 +3,7 @@
 Every drafter variant the project measures is one run of the one runner (``ct2-flash bench
 --drafter SPEC --drafter-option KEY=VALUE ...``), so ``bench/run_all.sh`` regenerates every
 committed result with it: the oracle ceiling (``oracle``, ``error_rate=0.1`` for one that is
-right ~60% of the time), the exported round's precisions and cuts (``precision=float32``,
+wrong at one token in ten), the exported round's precisions and cuts (``precision=float32``,
 ``min_confidence=0``, ``audio_window=none``), the PyTorch round's tricks (``runtime=pytorch``,
 ``precision=bfloat16``, ``use_shortlist=false``) and checkpoints compared at default settings.
 

@@ -3,8 +3,8 @@
 Streaming clients (whisper_streaming, whisperlivekit, whisper-live, RealtimeSTT) call
 ``transcribe()`` on the whole audio buffer again every second or so as audio arrives. The new
 decode of a window that starts with the same audio mostly says again what the previous one
-said: on real speech 86% of its tokens stood in the previous hypothesis, but only 54% as a
-plain prefix, since the last segment's end timestamp and the last word move as audio arrives
+said, but much less of it as a plain prefix (docs/measurements.md, "Re-decodes of growing
+buffers"), since the last segment's end timestamp and the last word move as audio arrives
 and the text after them comes back. So the previous hypothesis is offered from where the new
 decode stands in it, found again after every mismatch (``realign``), as one long block the
 loop verifies (``Drafter.offered``: it costs nothing to propose); where it has nothing (new

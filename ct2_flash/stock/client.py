@@ -194,8 +194,8 @@ class StockEngine:
         seed: seeds the worker's sampling (``ctranslate2.set_random_seed``), or None.
         directory: where stock ``ctranslate2`` is installed (default ``location.stock_dir()``).
         keep_freed_memory: have the worker's C library keep what the engine frees, for its
-            next call (``worker.keep_freed_memory``: a 20-35% faster encoder, the worker's peak
-            memory kept); default on, off with ``CT2_FLASH_WORKER_KEEPS_MEMORY=0``.
+            next call (``worker.keep_freed_memory``: a faster encoder, the worker's peak memory
+            kept); default on, off with ``CT2_FLASH_WORKER_KEEPS_MEMORY=0``.
         allocator: the allocator the worker runs under (``allocator.py``); default tcmalloc
             preloaded where its library is installed and freed memory is kept (the decode's
             many small allocations are cheaper there than in glibc), else glibc with the

@@ -4,8 +4,8 @@ Shared by both sides, so it imports nothing from ct2_flash: the worker loads it 
 next to stock ``ctranslate2``. Nor does it import numpy, which the worker does without: the
 worker's start is on the path of a process's first call, and numpy's import was a large
 share of it (docs/measurements.md, "Start-up"). A request names a shared-memory block and the shape of the float32 array in it; the other
-side maps it without copying. JSON lines cost ~0.1 ms for the small rest (prompts, tokens,
-options), and no array is ever pickled.
+side maps it without copying. JSON lines carry the small rest (prompts, tokens, options; their
+cost: `bench/studies/stock_worker_overhead.py`, docs/measurements.md), and no array is ever pickled.
 """
 
 from __future__ import annotations

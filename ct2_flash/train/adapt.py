@@ -195,8 +195,8 @@ def adapt(paths: Sequence[str], out: str, options: AdaptOptions = AdaptOptions()
 
 
 def cpu_has_bf16() -> bool:
-    """Whether the CPU has bfloat16 instructions (there bf16 autocast trained 1.5x faster,
-    ``bench/train_bf16.py``; elsewhere it is emulated)."""
+    """Whether the CPU has bfloat16 instructions (there bf16 autocast trains faster,
+    ``bench/studies/train_bf16.py`` measures it; elsewhere it is emulated)."""
     from ct2_flash.benchmark.runner import machine
 
     return "avx512_bf16" in machine()["isa_flags"]

@@ -349,7 +349,7 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
                                batch.get("cross_mask"), cross_weights=anchored)
     states, attention = out if anchored else (out, None)
     states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
-    # One log-softmax over the shortlist serves both terms (it and its backward were ~8% of a step twice).
+    # One log-softmax over the shortlist serves both terms (computing it twice was a visible share of a step).
     log_probs = torch.log_softmax(model.logits(states), dim=-1)  # [B, N, K, shortlist]
     labels = batch["labels"]
     targets = torch.where(labels >= 0, full_to_short[labels.clamp(min=0)], IGNORE)

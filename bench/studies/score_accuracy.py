@@ -9,7 +9,7 @@ the engine at its own ISA choice and forced to each other one (``CT2_FORCE_CPU_I
 child process each, since the engine reads it when it loads). It also records what the
 first-call check (``row_scores.confirm_isa``) kept.
 
-    python bench/score_accuracy.py --out bench/results/score_accuracy/score_accuracy.json
+    python bench/studies/score_accuracy.py --out bench/results/score_accuracy/score_accuracy.json
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from _common import TEST_CLIPS, write_result
+from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 
 CLIPS = 6
 TOKENS = 20

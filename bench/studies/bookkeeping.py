@@ -13,7 +13,7 @@ tokens and the columns the drafter's states are recovered from. This script:
 
 Pause background jobs first: the two cores are shared.
 
-    python bench/bookkeeping.py --out bench/results/bookkeeping/int8.json
+    python bench/studies/bookkeeping.py --out bench/results/bookkeeping/int8.json
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import os
 
 import numpy as np
 
-from _common import machine, time_calls, timed, write_result
+from ct2_flash.benchmark.scripts import machine, time_calls, timed, write_result
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main() -> None:

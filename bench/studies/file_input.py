@@ -14,7 +14,7 @@ script times, on the same files and interleaved:
 
 Both models live in one process, so both collections walk the same objects. Writes JSON.
 
-    python bench/file_input.py --out bench/results/file_input/int8.json
+    python bench/studies/file_input.py --out bench/results/file_input/int8.json
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import json
 import os
 import statistics
 
-from _common import interleaved, machine, timed, write_result
+from ct2_flash.benchmark.scripts import interleaved, machine, timed, write_result
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ temperature 0. Writes JSON: decode time, proposal time per round, rows per round
 target call, and whether the transcripts matched; and, first, the proposal timed alone for
 1 .. K rows (median of repeated calls on one real window after 60 of its tokens).
 
-    python bench/draft_rows.py --drafter DIR --out bench/results/draft_rows/DRAFTER.json
+    python bench/studies/draft_rows.py --drafter DIR --out bench/results/draft_rows/DRAFTER.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 
 # Sibling scripts (python puts this directory first on the path when a script runs).
 
-from _common import machine, median_ms, time_calls, write_result
+from ct2_flash.benchmark.scripts import machine, median_ms, time_calls, write_result
 
 from ct2_flash.runtime.draft_lengths import DraftLengths
 

@@ -5,7 +5,7 @@ adaptation's own teacher data (``ct2-flash adapt``'s work directory), float32 an
 alternating twice, after three warm-up updates each; batch assembly is done beforehand. On a
 CPU without bf16 instructions autocast emulates it (slower). Pause background jobs first.
 
-    python bench/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt \
+    python bench/studies/train_bf16.py --work ~/.cache/ct2_flash/adapt/asterisk_float32.adapt \
         --out bench/results/adapt/bf16.json
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import timed, write_result
+from ct2_flash.benchmark.scripts import timed, write_result
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ over many draws. Each checkout is measured in a child process with it first on `
 the same machine:
 
     git worktree add /tmp/before d227a72^
-    python bench/sampling_speed.py --checkouts /tmp/before . --out bench/results/sampling_speed/sampling.json
+    python bench/studies/sampling_speed.py --checkouts /tmp/before . --out bench/results/sampling_speed/sampling.json
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def measure(args: argparse.Namespace) -> dict:
                               adaptive=not args.every_round, **extra)
 
     def run(model, samples, temperature) -> float:
-        # Its own clock: _common imports ct2_flash modules an older checkout may not have.
+        # Its own clock: ct2_flash.benchmark.scripts imports ct2_flash modules an older checkout may not have.
         started = time.perf_counter()
         segments, _ = model.transcribe(samples, beam_size=1, temperature=temperature, best_of=args.best_of)
         list(segments)
@@ -100,7 +100,7 @@ def main() -> None:
         return
     if not args.out:
         parser.error("--out is required")
-    from _common import write_result
+    from ct2_flash.benchmark.scripts import write_result
 
     runs = []
     for checkout in args.checkouts:

@@ -6,8 +6,8 @@ the history update and the recovery of the target's states from its logits. A pl
 (a drafter that proposes nothing) is timed in the same run, so every cost is also given as a
 fraction of a step. Writes JSON.
 
-    python bench/draft_round.py --speech-set mfa --limit 16 --out bench/results/draft_round/int8.json
-    python bench/draft_round.py --audio LONG.wav ... --out bench/results/draft_round/int8_long.json
+    python bench/studies/draft_round.py --speech-set mfa --limit 16 --out bench/results/draft_round/int8.json
+    python bench/studies/draft_round.py --audio LONG.wav ... --out bench/results/draft_round/int8_long.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import statistics
 from collections import defaultdict
 
-from _common import machine, save_figure, time_calls, write_result
+from ct2_flash.benchmark.scripts import machine, save_figure, time_calls, write_result
 
 
 def _all_frames(drafter):

@@ -17,7 +17,7 @@ History 100 positions; the default audio window around the target's position
 (``AUDIO_WINDOW``). Pause background jobs first: the two cores are shared. Needs the
 ``[train]`` extra (the converter exports with PyTorch).
 
-    python bench/round_floor.py --out bench/results/round_floor/int8.json
+    python bench/studies/round_floor.py --out bench/results/round_floor/int8.json
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import tempfile
 
 import numpy as np
 
-from _common import lowest_median_ms, machine, write_result
+from ct2_flash.benchmark.scripts import lowest_median_ms, machine, write_result
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HISTORY = 100
 # (layers, shortlist size, causal blocks); the shipped drafter is 2 layers, 8,192, not causal.
 SHAPES = [(2, 8192, False), (2, 4096, True), (1, 8192, True), (1, 4096, True), (1, 2048, True)]

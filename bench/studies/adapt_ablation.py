@@ -12,7 +12,7 @@ round drafting (the adaptation's own held-out validation, the start scored first
 - ``lr-3e-4``: three times the default peak learning rate;
 - ``bf16``: training's forward pass under bfloat16 autocast.
 
-    python bench/adapt_ablation.py --domain mfa --out bench/results/adapt/ablation.json
+    python bench/studies/adapt_ablation.py --domain mfa --out bench/results/adapt/ablation.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from _common import save_figure, write_result
+from ct2_flash.benchmark.scripts import save_figure, write_result
 
 VARIANTS = {
     "all": {},

@@ -13,7 +13,7 @@ Systems: the shipped drafter as the loop runs it (ONNX Runtime, int8 graphs), it
 network at float32 with its shortlist, and the same network scoring the whole vocabulary
 (the head is the target's tied token embedding, so that needs no training). Writes JSON.
 
-    python bench/drafter_misses.py --out bench/results/drafter_misses/shipped.json
+    python bench/studies/drafter_misses.py --out bench/results/drafter_misses/shipped.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 import os
 from collections import Counter
 
-from _common import machine, write_result
+from ct2_flash.benchmark.scripts import machine, write_result
 
 
 def token_kind(token: int, special, tokenizer) -> str:

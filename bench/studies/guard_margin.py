@@ -21,7 +21,7 @@ fixed ones (1.0, 1.5, 2.0, 3.0); the default is the smallest margin with the mos
 windows. Rows are measured with the shipped drafter and with an oracle that injects errors
 (their rounds leave different cache histories). Writes JSON and a plot.
 
-    python bench/guard_margin.py --compute-type int8 --limit 30 --out bench/results/guard_margin/int8.json
+    python bench/studies/guard_margin.py --compute-type int8 --limit 30 --out bench/results/guard_margin/int8.json
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from _common import machine, record_verifications, save_figure, write_result
+from ct2_flash.benchmark.scripts import machine, record_verifications, save_figure, write_result
 
 
 def _single_steps(runtime, encoder_output, prompt, tokens):

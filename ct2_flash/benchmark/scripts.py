@@ -1,8 +1,6 @@
-"""What every benchmark script shares: the machine it ran on, timing a call, writing a result.
-
-Scripts here run as ``python bench/NAME.py`` (this folder is then first on ``sys.path``), so they
-import these with ``from _common import ...``. Benchmarks compare systems as ratios from one
-run; the functions below only time and record, they never decide what is faster.
+"""What every script under ``bench/`` shares: the machine it ran on, timing a call, writing a
+result. Benchmarks compare systems as ratios from one run; the functions below only time and
+record, they never decide what is faster.
 """
 
 from __future__ import annotations

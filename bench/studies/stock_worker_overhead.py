@@ -6,14 +6,14 @@ asks for greedy ``generate()`` there, and fetches the encoder output once (what 
 call adds). The worker reports how long each request took it; the rest of the round trip is
 the channel's. Reported per window and as a share of the worker's encode.
 
-    python bench/stock_worker_overhead.py --out bench/results/stock_worker/overhead.json
+    python bench/studies/stock_worker_overhead.py --out bench/results/stock_worker/overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
 
-from _common import write_result
+from ct2_flash.benchmark.scripts import write_result
 
 from ct2_flash import FlashWhisperModel, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest

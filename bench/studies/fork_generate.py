@@ -9,7 +9,7 @@ the encoder runs in the worker both times. Reported: clips whose tokens are iden
 summed time of the greedy calls on each engine (the worker's includes its channel, the patched
 runtime's the copy of the encoding), from the same run.
 
-    python bench/fork_generate.py --out bench/results/stock_engine/fork_generate.json
+    python bench/studies/fork_generate.py --out bench/results/stock_engine/fork_generate.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import glob
 import os
 
-from _common import TEST_CLIPS, write_result
+from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 from faster_whisper import decode_audio
 
 from ct2_flash import FlashWhisperModel, resolve_model
@@ -116,7 +116,7 @@ def main() -> None:
             "patched_over_stock_time": engine.seconds["patched"] / engine.seconds["stock"],
         }
         model.model.engines.close()
-    write_result(args.out, {"command": "python bench/fork_generate.py " + " ".join(
+    write_result(args.out, {"command": "python bench/studies/fork_generate.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
         "threads": args.threads, "results": results}, echo=["results"])
 

@@ -8,7 +8,7 @@ loop measured at the first probe), and the same with the previous start (the loo
 the first call), on the same engine, tiny.en, ``beam_size=1``, timestamps on. Model loading is
 not timed. Writes JSON.
 
-    python bench/first_calls.py --speech-set mfa --limit 16 --out bench/results/first_calls/int8.json
+    python bench/studies/first_calls.py --speech-set mfa --limit 16 --out bench/results/first_calls/int8.json
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import argparse
 import json
 import os
 
-from _common import machine, write_result
+from ct2_flash.benchmark.scripts import machine, write_result
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ output): its tokens per target call is the most any drafter can reach there, sin
 still costs its prefill and ends where its text ends. Written beside the adapted drafters'
 figures from ``bench/results/adapt/<domain>_float32/domains.json`` where those exist.
 
-    python bench/adapt_ceiling.py --out bench/results/adapt/ceiling.json
+    python bench/studies/adapt_ceiling.py --out bench/results/adapt/ceiling.json
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from _common import write_result
+from ct2_flash.benchmark.scripts import write_result
 
 # Domain -> the held-out fraction its committed adaptation used (bench/run_all.sh).
 HOLDOUTS = {"asterisk": 0.2, "mfa": 0.5}

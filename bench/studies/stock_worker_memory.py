@@ -5,7 +5,7 @@ over a soak of real windows (every test clip, the long one cut into 30 s windows
 times: encode, greedy and beam ``generate()``, ``align()``), with page faults and the worker's
 encoder time per window from the same run.
 
-    python bench/stock_worker_memory.py --out bench/results/stock_worker/memory.json
+    python bench/studies/stock_worker_memory.py --out bench/results/stock_worker/memory.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from faster_whisper import decode_audio
 from faster_whisper.feature_extractor import FeatureExtractor
 
-from _common import TEST_CLIPS, write_result
+from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 
 from ct2_flash import resolve_model
 from ct2_flash.engine.models import available_models

@@ -18,7 +18,7 @@ It also measures how often plain greedy decoding itself comes close to a tie (it
 single steps all along, timestamps on and off): an exact repair that recomputed the cache with
 single steps before every close decision would redo the window up to the last of them.
 
-    python bench/int8_differences.py --out bench/results/int8_differences/int8.json
+    python bench/studies/int8_differences.py --out bench/results/int8_differences/int8.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-from _common import machine, record_verifications, write_result
+from ct2_flash.benchmark.scripts import machine, record_verifications, write_result
 
 from ct2_flash import FlashWhisperModel, load_drafter, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest

@@ -6,7 +6,7 @@ ran before), the window's audio frames plus one second (as the runtime drafter r
 batches of utterances of similar length (``sample_batch``, as ``fit`` draws them), and that
 plus distillation of the target's top-16 distribution. Pause background jobs first: the two cores are shared.
 
-    python bench/train_speed.py --steps 20 --out bench/results/train_speed.json
+    python bench/studies/train_speed.py --steps 20 --out bench/results/train_speed.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dataclasses
 import statistics
 import time
 
-from _common import machine, write_result
+from ct2_flash.benchmark.scripts import machine, write_result
 
 
 def main() -> None:
