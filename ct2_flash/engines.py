@@ -22,6 +22,7 @@ from typing import Optional
 import ctranslate2
 import numpy as np
 
+from ct2_flash.drafting.base import one_greedy_hypothesis
 from ct2_flash.engine.deferred_model import load_before_timing
 from ct2_flash.routing import EngineRouter, produced_tokens
 from ct2_flash.runtime.clock import Stopwatch
@@ -81,7 +82,7 @@ class Engines:
         """``Whisper.generate`` on the engine holding the encoder output, or for a greedy call
         on a worker's encoding, on the engine ``policy`` chose."""
         remote = isinstance(encoder_output, RemoteEncoding)
-        greedy = remote and _greedy(options)
+        greedy = remote and one_greedy_hypothesis(options)
         with self._choosing:
             patched = not remote or (greedy and self.policy.patched(len(prompts)))
         if patched:
@@ -139,10 +140,3 @@ class Engines:
             "ct2-flash: %s; the patched runtime serves this call%s", str(error),
             "" if self.stock_active else " and every later one")
         self._warned = True
-
-
-def _greedy(options: dict) -> bool:
-    """Whether ``generate(**options)`` is one greedy hypothesis (CTranslate2's beam_size
-    defaults to 5): the calls whose engine is chosen by speed."""
-    return (options.get("beam_size") == 1 and options.get("sampling_topk", 1) == 1
-            and options.get("num_hypotheses", 1) == 1)

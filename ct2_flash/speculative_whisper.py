@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ct2_flash.audio import check_features
-from ct2_flash.drafting.base import Drafter, DecodingOptions, audio_frames
+from ct2_flash.drafting.base import DecodingOptions, Drafter, audio_frames, draws_at_random
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.engines import Engines
@@ -86,6 +86,40 @@ _OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", 
                  "sampling_topk", "sampling_temperature", "num_hypotheses")
 
 
+@dataclass(eq=False)
+class EncodedWindow:
+    """An encoder output as ``SpeculativeWhisper.encode`` returns it: the engine's output with
+    what is known of the audio it encoded, made once and handed back with it. faster-whisper
+    only ever passes an encoder output back to the model (``generate``, ``align``,
+    ``detect_language``), so the loop, the routers and the re-decode memory find the window's
+    audio length and fingerprint on the value itself. Other attributes are the output's, so a
+    caller that reads one (``shape``, ``device``) sees what CTranslate2 would give.
+
+    Attributes:
+        output: the engine's encoder output: a ``RemoteEncoding`` (the worker's) or a StorageView.
+        frames: per row, the encoder frames that hold audio (``drafting.base.audio_frames``);
+            None where not known (an output encoded elsewhere, features not on the host).
+        fingerprint: the first second of a one-row window's features
+            (``redecodes.window_fingerprint``); None for several rows, re-decodes off, or an
+            output encoded elsewhere.
+    """
+
+    output: Any
+    frames: Optional[List[int]] = None
+    fingerprint: Optional[Fingerprint] = None
+
+    @classmethod
+    def of(cls, encoder_output) -> "EncodedWindow":
+        """``encoder_output`` as a window: itself, or one encoded elsewhere (a caller's own
+        ``encode()`` on another model) of which nothing is known."""
+        return encoder_output if isinstance(encoder_output, cls) else cls(encoder_output)
+
+    def __getattr__(self, name: str):
+        if name == "output":  # not set yet (copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.output, name)
+
+
 @dataclass
 class FlashGenerationResult:
     """Stands in for ``ctranslate2.models.WhisperGenerationResult`` (one hypothesis)."""
@@ -132,9 +166,6 @@ class SpeculativeWhisper:
         self._unopened_drafter: Optional[Drafter] = None
         # What the one beam-search warning tells the user to do (``dropin`` names the client's option).
         self.beam_search_hint = _BEAM_SEARCH_HINT
-        # Per thread: the last encoder output, per row how many of its frames hold audio, and
-        # the fingerprint of a one-row window.
-        self._encoded_audio = threading.local()
         # Per thread, the last windows decoded greedily: a re-decode of the same audio (a
         # streaming client's growing buffer) is offered its previous hypothesis, and routed by
         # the length of that hypothesis (routing.RedecodeRouters), since how well the loop
@@ -151,15 +182,14 @@ class SpeculativeWhisper:
     def stats(self) -> SpecStats:
         return self.decoder.stats
 
-    def encode(self, features, to_cpu: bool = False):
+    def encode(self, features, to_cpu: bool = False) -> EncodedWindow:
         check_features(features)
         with Stopwatch() as watch:
             output = self.engines.encode(features, to_cpu=to_cpu)
         with self._counting:
             self.stats.encoder_seconds += watch.seconds
         fingerprint = window_fingerprint(features) if self.recent is not None else None
-        self._encoded_audio.last = (output, audio_frames(features), fingerprint)
-        return output
+        return EncodedWindow(output, audio_frames(features), fingerprint)
 
     def policy_for(self, options: DecodingOptions) -> CallRouter:
         """The policy that decides calls decoded with ``options`` (one per temperature and top-k)."""
@@ -190,15 +220,15 @@ class SpeculativeWhisper:
                 log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint)
             with self._counting:
                 self.stats.fallback_calls += 1
-            return self.engines.generate(self._encoded(features), prompts, **kwargs)
+            return self.engines.generate(self._window(features).output, prompts, **kwargs)
 
         options = DecodingOptions(  # bad options raise here, before anything is decoded
             suppress_tokens=tuple(int(t) for t in kwargs.get("suppress_tokens", (-1,))),
             **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
         )
-        encoder_output = self._encoded(features)
+        window = self._window(features)
         # A greedy call on one window that this thread decoded before: its previous hypothesis.
-        fingerprint = None if options.sampling else self._fingerprint(encoder_output)
+        fingerprint = None if options.sampling else window.fingerprint
         previous = None if fingerprint is None else self.recent.recall(fingerprint)
         # Without adaptive (and while tests swap drafters in) every call drafts.
         with self._counting:
@@ -215,9 +245,9 @@ class SpeculativeWhisper:
                 in_loop = speculative = self._loop_ready()
             with Stopwatch() as watch:
                 if in_loop:
-                    results = self._speculative_rows(encoder_output, prompts, options, kwargs, previous)
+                    results = self._speculative_rows(window, prompts, options, kwargs, previous)
                 else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                    results = self._generate_or_continue(encoder_output, prompts, options, kwargs, busy=speculative)
+                    results = self._generate_or_continue(window, prompts, options, kwargs, busy=speculative)
         finally:
             if held:
                 self._loop.release()
@@ -235,8 +265,8 @@ class SpeculativeWhisper:
                 decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
         return results
 
-    def _generate_or_continue(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
-                              busy: bool) -> list:
+    def _generate_or_continue(self, window: EncodedWindow, prompts, options: DecodingOptions,
+                              kwargs: Dict[str, Any], busy: bool) -> list:
         """``generate()``, stopped where a one-row greedy decode outgrows its audio
         (``longest_plausible``) and finished in the loop, which offers the tokens so far and
         then the decode's own repeats (``HypothesisDrafter``).
@@ -248,37 +278,34 @@ class SpeculativeWhisper:
         one, and the loop decodes the window afresh, verifying them. Where the loop cannot take
         it (busy, or a model it does not run), the whole call goes to ``generate()`` again.
         """
-        capped = None if busy else self._continuation_cap(encoder_output, prompts, options)
+        capped = None if busy else self._continuation_cap(window, prompts, options)
         if capped is None:
-            return self.engines.generate(encoder_output, prompts, **kwargs)
+            return self.engines.generate(window.output, prompts, **kwargs)
         cap, max_length = capped
-        results = self.engines.generate(encoder_output, prompts, **dict(kwargs, max_length=max_length))
+        results = self.engines.generate(window.output, prompts, **dict(kwargs, max_length=max_length))
         decoded = results[0].sequences_ids[0]
         if len(decoded) < cap:  # it ended: the whole call's result
             return results
         if not self._loop.acquire(blocking=False):
-            return self.engines.generate(encoder_output, prompts, **kwargs)
+            return self.engines.generate(window.output, prompts, **kwargs)
         try:
             if not self._loop_ready():
-                return self.engines.generate(encoder_output, prompts, **kwargs)
+                return self.engines.generate(window.output, prompts, **kwargs)
             with self._counting:
                 self.stats.continued_rows += 1
-            return self._speculative_rows(encoder_output, prompts, options, kwargs, tuple(decoded))
+            return self._speculative_rows(window, prompts, options, kwargs, tuple(decoded))
         finally:
             self._loop.release()
 
-    def _continuation_cap(self, encoder_output, prompts, options: DecodingOptions) -> Optional[Tuple[int, int]]:
+    def _continuation_cap(self, window: EncodedWindow, prompts, options: DecodingOptions) -> Optional[Tuple[int, int]]:
         """(tokens after which ``_generate_or_continue`` hands a call to the loop, the
         ``max_length`` that stops ``generate()`` there), or None where it does not (several rows,
         sampling, unknown audio length, or a cap that would leave less than 1/``LEFT_PER_CAPPED``
         of itself of the call's budget). Calls the loop cannot run never get here
         (``_fallback_reason``)."""
-        if len(prompts) != 1 or options.sampling:
+        if len(prompts) != 1 or options.sampling or not window.frames:
             return None
-        encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
-        if encoded is not encoder_output or not frames:
-            return None
-        cap = longest_plausible(frames[0])
+        cap = longest_plausible(window.frames[0])
         layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
         left = layout.max_steps(options.max_length) - cap
         return (cap, layout.max_length_for(cap)) if left * LEFT_PER_CAPPED >= cap else None
@@ -307,29 +334,24 @@ class SpeculativeWhisper:
             return False
 
     def detect_language(self, features, *args, **kwargs):
-        return self.engines.detect_language(features, *args, **kwargs)
+        return self.engines.detect_language(EncodedWindow.of(features).output, *args, **kwargs)
 
     def align(self, features, start_sequence, text_tokens, num_frames, median_filter_width: int = 7):
-        return self.engines.align(features, start_sequence, text_tokens, num_frames, median_filter_width)
+        return self.engines.align(EncodedWindow.of(features).output, start_sequence, text_tokens, num_frames,
+                                  median_filter_width)
 
-    def _fingerprint(self, encoder_output) -> Optional[Fingerprint]:
-        """The fingerprint of the one-row window this thread encoded as ``encoder_output``."""
-        encoded, _, fingerprint = getattr(self._encoded_audio, "last", (None, None, None))
-        return fingerprint if encoded is encoder_output else None
-
-    def _speculative_rows(self, encoder_output, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
+    def _speculative_rows(self, window: EncodedWindow, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
                           previous: Optional[Sequence[int]] = None) -> list:
         """The rows of a call decoded in the loop, by a ``HypothesisDrafter`` around the model's
         drafter: it offers ``previous`` (the previous hypothesis of a one-row call's window, or
         the tokens ``generate()`` made before it stopped), and each row's own repeats."""
-        encoded, frames, _ = getattr(self._encoded_audio, "last", (None, None, None))
-        frames = frames if encoded is encoder_output else None
         if not isinstance(self.decoder.drafter, HypothesisDrafter):
             drafter = HypothesisDrafter(self.decoder.drafter, self.decoder.runtime.special.timestamp_begin)
             drafter.remember(previous)
             with self.decoder.use_drafter(drafter, self.decoder.adaptive):
-                return self._speculative_rows(encoder_output, prompts, options, kwargs)
-        encoder_output = self.engines.local(encoder_output)  # the worker's copy, if it encoded
+                return self._speculative_rows(window, prompts, options, kwargs)
+        frames = window.frames
+        encoder_output = self.engines.local(window.output)  # the worker's copy, if it encoded
         rows = host_array(encoder_output) if len(prompts) > 1 else None
         results = []
         for index, prompt in enumerate(prompts):
@@ -351,12 +373,12 @@ class SpeculativeWhisper:
             )
         return results
 
-    def _encoded(self, features):
-        """Encoder output for ``features``, which may already be encoded."""
+    def _window(self, features) -> EncodedWindow:
+        """The window ``generate()`` was given: ``features`` already encoded, or encoded here."""
         shape = features.shape
         if len(shape) == 3 and shape[1] == self._model.n_mels and shape[2] != shape[1]:
             return self.encode(features)
-        return features
+        return EncodedWindow.of(features)
 
     def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
         if kwargs.get("beam_size", 5) != 1:
@@ -365,7 +387,7 @@ class SpeculativeWhisper:
             return self.inexact_reason
         if self._unopened_drafter is not None and self._unopened_drafter is self.decoder.drafter:
             return _UNOPENED_DRAFTER
-        sampling = kwargs.get("sampling_topk", 1) != 1 and kwargs.get("sampling_temperature", 1) != 0
+        sampling = draws_at_random(kwargs.get("sampling_topk", 1), kwargs.get("sampling_temperature", 1.0))
         if kwargs.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
             return "several hypotheses without sampling are not speculative"
         for name, default in _GREEDY_DEFAULTS.items():

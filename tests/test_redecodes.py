@@ -100,6 +100,40 @@ def test_remembered_windows_are_kept_per_thread(float32_pair, clips):
     assert flash.spec_stats.redecodes == 1
 
 
+def test_an_encoded_window_carries_its_audio_and_fingerprint_to_generate(float32_pair, clips):
+    """What the loop, the routers and the re-decode memory know of a window travels with its
+    encoder output: a window handed back after another one was encoded is still found again,
+    and an output encoded elsewhere is decoded as faster-whisper decodes it."""
+    import ctranslate2
+
+    from ct2_flash.drafting.base import audio_frames
+    from ct2_flash.speculative_whisper import EncodedWindow
+
+    flash = float32_pair.flash
+    speculative = flash.model
+    def storage(audio):  # as faster-whisper hands features to encode()
+        return ctranslate2.StorageView.from_array(np.ascontiguousarray(flash.window_features(audio)[None]))
+
+    features = storage(clips["long_multi_voice.ogg"][: 6 * RATE])
+    other = storage(clips["clip01_slt.ogg"][: 4 * RATE])
+    prompt = [[50257]]  # <|startoftranscript|>, timestamps on
+    speculative.recent.clear()
+    flash.reset_spec_stats()
+    window = speculative.encode(features)
+    assert isinstance(window, EncodedWindow) and window.frames == audio_frames(features)
+    assert window.fingerprint is not None and tuple(window.shape) == tuple(window.output.shape)
+    first = speculative.generate(window, prompt, beam_size=1)
+    speculative.generate(speculative.encode(other), prompt, beam_size=1)  # another window in between
+    again = speculative.generate(window, prompt, beam_size=1)
+    assert again[0].sequences_ids == first[0].sequences_ids
+    assert flash.spec_stats.redecodes == 1
+    # Encoded by the plain model: nothing known of its audio, the plain model's tokens.
+    elsewhere = flash.reference_model.encode(features)
+    expected = flash.reference_model.generate(elsewhere, prompt, beam_size=1)[0].sequences_ids
+    assert speculative.generate(elsewhere, prompt, beam_size=1)[0].sequences_ids == expected
+    assert flash.spec_stats.redecodes == 1
+
+
 def test_remembered_tokens_keep_the_end_of_text_only_where_the_decode_ended():
     from ct2_flash.redecodes import remembered_tokens
 

@@ -18,6 +18,22 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 
+def draws_at_random(sampling_topk: int = 1, sampling_temperature: float = 1.0) -> bool:
+    """Whether CTranslate2 draws each token at random with these options (its ``RandomSampler``:
+    top-k other than 1 at a temperature other than 0) rather than taking the argmax; the
+    defaults are CTranslate2's. The one definition of sampling against greedy decoding."""
+    return sampling_topk != 1 and sampling_temperature != 0
+
+
+def one_greedy_hypothesis(generate_options) -> bool:
+    """Whether ``Whisper.generate(**generate_options)`` decodes one greedy hypothesis per row:
+    ``beam_size=1`` given (CTranslate2 defaults to 5), the argmax (``draws_at_random``), one
+    hypothesis."""
+    return (generate_options.get("beam_size", 5) == 1 and generate_options.get("num_hypotheses", 1) == 1
+            and not draws_at_random(generate_options.get("sampling_topk", 1),
+                                    generate_options.get("sampling_temperature", 1.0)))
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
     """The ``generate()`` options (``beam_size=1``) that decide the output, checked once.
@@ -55,7 +71,7 @@ class DecodingOptions:
     @property
     def sampling(self) -> bool:
         """Whether tokens are drawn at random (CTranslate2's ``RandomSampler``), not the argmax."""
-        return self.sampling_topk != 1 and self.sampling_temperature != 0
+        return draws_at_random(self.sampling_topk, self.sampling_temperature)
 
     def generate_kwargs(self) -> dict:
         """The same decoding as CTranslate2 ``Whisper.generate`` keyword arguments."""

@@ -101,7 +101,7 @@ def _extract_group(model, runtime, special, data_dir: str, out_dir: str, entries
 
     features = np.stack([model.window_features(np.load(os.path.join(data_dir, "audio", f"{e['id']}.npy"))
                                                .astype(np.float32) / 32768.0) for e in entries])
-    encoded = model.model.encode(StorageView.from_array(np.ascontiguousarray(features)))
+    encoded = model.reference_model.encode(StorageView.from_array(np.ascontiguousarray(features)))
     results = model.reference_model.generate(encoded, [prompt] * len(entries), beam_size=1, max_initial_timestamp_index=50)
     encoded = np.asarray(encoded)  # [n, frames, d]
     return [_extract_one(runtime, special, out_dir, entry, features[i], StorageView.from_array(encoded[i : i + 1].copy()),

@@ -197,7 +197,7 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     for utterance in utterances:
         features = target.window_features(decode_audio(utterance.path, sampling_rate=target.feature_extractor.sampling_rate))
         batch = np.ascontiguousarray(features[None], dtype=np.float32)
-        encoded = target.model.encode(StorageView.from_array(batch), to_cpu=True)
+        encoded = target.reference_model.encode(StorageView.from_array(batch), to_cpu=True)
         windows.append(SpeechWindow(name=utterance.name, encoder_output=np.asarray(encoded)[0].astype(np.float16),
                                     prompt=np.asarray(prompt_for(utterance.name, special), dtype=np.int64),
                                     audio_frames=audio_frames(batch)[0]))
