@@ -175,7 +175,7 @@ def check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
     models = {
         "faster-whisper": WhisperModel(model_path, **common),
         "default": FlashWhisperModel(model_path, **flash),
-        "loop": FlashWhisperModel(model_path, **flash, near_exact=True, policy=AlwaysLoop()),
+        "loop": FlashWhisperModel(model_path, **flash, near_exact=True, call_router=AlwaysLoop()),
         "loop, every round": FlashWhisperModel(model_path, **flash, near_exact=True, adaptive=False),
     }
     record["default_inexact_reason"] = models["default"].model.inexact_reason

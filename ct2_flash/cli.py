@@ -110,7 +110,7 @@ def _demo(args: argparse.Namespace) -> int:
               "(--compute-type float32 runs the exact loop; --near-exact runs this one anyway)")
     else:
         print(f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate() "
-              "(the policy's choice until speculation is measured, a few calls in, and wherever it measured slower)")
+              "(the call router's choice until speculation is measured, a few calls in, and wherever it measured slower)")
     if stats.target_calls:
         print(f"speculative calls: acceptance rate {stats.acceptance_rate:.1%}, "
               f"{stats.tokens_per_call:.2f} tokens per target call")

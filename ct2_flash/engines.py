@@ -8,7 +8,8 @@ the patched runtime, re-encoding the features the encoding kept: the output is t
 runtime's (the same tokens on every clip measured), only slower.
 
 A greedy ``generate()`` on a worker's encoding runs in the worker, or where an ``EngineRouter``
-that measures both engines found it faster: in the patched runtime on a copy of the encoding. The encoder always runs in
+that measures both engines found it faster: in the patched runtime on a copy of the encoding
+(``engine_for``, asked once per call by ``SpeculativeWhisper.route``). The encoder always runs in
 the worker: its output is what stock faster-whisper decodes from, and the patched encoder's
 differs from it in the last bits (and is slower: docs/measurements.md).
 """
@@ -35,21 +36,21 @@ class Engines:
     """Args:
         model: the patched runtime's ``ctranslate2.models.Whisper`` (faster-whisper's own model).
         stock: the worker, or None to use the patched runtime for everything.
-        policy: which engine runs greedy ``generate()`` calls on a worker's encoding (default
-            a new ``EngineRouter``).
+        engine_router: which engine runs greedy ``generate()`` calls on a worker's encoding
+            (default a new ``EngineRouter``).
 
     Attributes:
         generate_calls: engine ("stock", "patched") -> ``generate()`` calls it served.
     """
 
-    def __init__(self, model, stock: Optional[StockEngine] = None, policy: Optional[EngineRouter] = None) -> None:
+    def __init__(self, model, stock: Optional[StockEngine] = None, engine_router: Optional[EngineRouter] = None) -> None:
         self.model = model
         self.stock = stock
-        self.policy = policy or EngineRouter()
+        self.engine_router = engine_router or EngineRouter()
         self.stock_failures = 0
         self.generate_calls = {"stock": 0, "patched": 0}
         self._warned = False
-        self._choosing = threading.Lock()  # the policy and counters, shared by num_workers threads
+        self._choosing = threading.Lock()  # the router and counters, shared by num_workers threads
 
     @property
     def stock_active(self) -> bool:
@@ -78,15 +79,23 @@ class Engines:
                 return self.model.encode(ctranslate2.StorageView.from_array(encoder_output.features))
         return encoder_output.copy
 
-    def generate(self, encoder_output, prompts, **options):
-        """``Whisper.generate`` on the engine holding the encoder output, or for a greedy call
-        on a worker's encoding, on the engine ``policy`` chose."""
+    def engine_for(self, encoder_output, options: dict, rows: int) -> str:
+        """Which engine serves ``generate(encoder_output, prompts, **options)`` with ``rows``
+        prompts: "stock" (the worker holding the encoding) or "patched" (the runtime here: an
+        encoding made here, or a greedy call the ``engine_router`` sends here)."""
+        if not isinstance(encoder_output, RemoteEncoding):
+            return "patched"
+        with self._choosing:
+            patched = one_greedy_hypothesis(options) and self.engine_router.use_patched(rows)
+        return "patched" if patched else "stock"
+
+    def generate(self, encoder_output, prompts, engine: Optional[str] = None, **options):
+        """``Whisper.generate`` on ``engine`` (``engine_for`` where not given)."""
         remote = isinstance(encoder_output, RemoteEncoding)
         greedy = remote and one_greedy_hypothesis(options)
-        with self._choosing:
-            patched = not remote or (greedy and self.policy.patched(len(prompts)))
+        patched = (engine or self.engine_for(encoder_output, options, len(prompts))) == "patched" or not remote
         if patched:
-            load_before_timing(self.model)  # the policy measures the decoder, not a deferred load
+            load_before_timing(self.model)  # the router measures the decoder, not a deferred load
         failures = self.stock_failures
         results = None
         with Stopwatch() as watch:  # from the first try: a failed worker call is part of the cost
@@ -125,7 +134,7 @@ class Engines:
         with self._choosing:
             self.generate_calls[engine] += 1
             if measured:
-                self.policy.record(engine == "patched", rows, seconds, tokens)
+                self.engine_router.record(engine == "patched", rows, seconds, tokens)
 
     def close(self) -> None:
         if self.stock is not None:

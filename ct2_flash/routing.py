@@ -1,4 +1,12 @@
-"""Whether a ``generate()`` call goes through the speculative loop or CTranslate2's own.
+"""How each ``generate()`` call is served: whether the speculative loop may run it and why
+not, whether it pays, and the routers that decide, measuring both ways.
+
+``SpeculativeWhisper`` makes one ``Route`` per call (``SpeculativeWhisper.route``) from the
+pieces here: ``inexact_reason`` (the model: a compute type or device where the loop is not
+exact), ``ineligible_reason`` (the call's options), ``CallRoutes`` (the ``CallRouter`` that
+decides between the loop and ``generate()``: one for greedy calls, one per sampling
+temperature, one per length of a re-decode's previous hypothesis) and, for calls outside the
+loop, the ``EngineRouter`` of ``engines.Engines`` (which engine).
 
 Speculation only pays when the drafter's accepted tokens save more target passes than the
 draft rounds and the wider verification cost, which depends on the drafter, the audio, the
@@ -29,7 +37,72 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ct2_flash.drafting.base import DecodingOptions, draws_at_random
+
+# The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
+# logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.
+EXACT_COMPUTE_TYPE = "float32"
+BEAM_SEARCH = "beam search is not speculative"
+UNOPENED_DRAFTER = "the drafter could not be opened"
+# generate() options whose defaults make a call plain greedy decoding (CTranslate2 defaults
+# beam_size to 5, so it must be given explicitly).
+GREEDY_DEFAULTS: Dict[str, Any] = {
+    "asynchronous": False,
+    "repetition_penalty": 1,
+    "no_repeat_ngram_size": 0,
+    "return_logits_vocab": False,
+}
+# generate() options the loop implements (``DecodingOptions``), and those it reads as they are.
+LOOP_OPTIONS = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
+                "sampling_topk", "sampling_temperature", "num_hypotheses")
+_PASSED_OPTIONS = ("beam_size", "patience", "suppress_tokens", "return_scores", "return_no_speech_prob")
+
+
+def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> Optional[str]:
+    """Why the loop may not run at ``compute_type`` on ``device`` (None: it may), the one place
+    that decides."""
+    if near_exact:
+        return None
+    if device != "cpu":
+        # The float32 guard margin and the row scores follow CTranslate2's CPU kernels; a GPU's
+        # passes round differently (docs/usage.md, "On a GPU").
+        return f"on {device} the loop's exactness is not established, so the loop would not be exact"
+    if compute_type == EXACT_COMPUTE_TYPE:
+        return None
+    return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
+
+
+def ineligible_reason(prompts, options: Mapping[str, Any]) -> Optional[str]:
+    """Why the loop cannot run ``generate(features, prompts, **options)`` (None: it can):
+    beam search, several greedy hypotheses, an option the loop does not implement, prompts
+    as token strings."""
+    if options.get("beam_size", 5) != 1:
+        return BEAM_SEARCH
+    sampling = draws_at_random(options.get("sampling_topk", 1), options.get("sampling_temperature", 1.0))
+    if options.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
+        return "several hypotheses without sampling are not speculative"
+    for name, default in GREEDY_DEFAULTS.items():
+        if options.get(name, default) != default:
+            return f"generate(..., {name}={options[name]!r}) is not speculative"
+    unknown = set(options) - set(GREEDY_DEFAULTS) - set(LOOP_OPTIONS) - set(_PASSED_OPTIONS)
+    if unknown:
+        return f"generate() options {sorted(unknown)} are not speculative"
+    if any(not isinstance(t, (int, np.integer)) for prompt in prompts for t in prompt):
+        return "prompts given as token strings are not speculative"
+    return None
+
+
+def decoding_options(options: Mapping[str, Any]) -> DecodingOptions:
+    """The loop's ``DecodingOptions`` of an eligible call's ``generate()`` options; bad options
+    raise here, before anything is decoded."""
+    return DecodingOptions(
+        suppress_tokens=tuple(int(t) for t in options.get("suppress_tokens", (-1,))),
+        **{name: options[name] for name in LOOP_OPTIONS if name in options},
+    )
 
 FIRST_PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 64
@@ -176,6 +249,86 @@ class RedecodeRouters:
         return dict(self._routers)
 
 
+@dataclass(frozen=True)
+class Route:
+    """How one ``generate()`` call is served, decided once (``SpeculativeWhisper.route``).
+
+    Attributes:
+        ineligible: why the loop may not run the call (``inexact_reason``,
+            ``ineligible_reason``, a drafter that could not be opened); None: it may.
+        options: the call's ``DecodingOptions`` (None where ineligible).
+        previous: the previous hypothesis of the call's window (a streaming client's
+            re-decode), or None.
+        router: the ``CallRouter`` that chose between the loop and ``generate()`` and is told
+            what the call cost (None where ineligible).
+        loop: whether the call goes to the loop (False where ineligible or the router chose
+            ``generate()``; a loop another thread holds sends it to ``generate()`` after all,
+            unless it waits).
+        wait: whether the call waits for a loop another thread holds (a seeded model's
+            sampling: its draws are the loop's) instead of going to ``generate()``.
+        engine: the engine that serves the call outside the loop ("stock": the worker holding
+            the encoding; "patched": the runtime in this process), chosen by the
+            ``EngineRouter`` of ``engines.Engines``; None for a call routed to the loop, whose
+            engine is chosen only if it goes to ``generate()`` after all.
+    """
+
+    ineligible: Optional[str] = None
+    options: Optional[DecodingOptions] = None
+    previous: Optional[Tuple[int, ...]] = None
+    router: Optional["CallRouter"] = None
+    loop: bool = False
+    wait: bool = False
+    engine: Optional[str] = None
+
+
+class CallRoutes:
+    """The ``CallRouter``s of one model: one for greedy calls (``greedy``, the caller's if
+    given), one per sampling temperature and top-k (how often the target agrees with a draft
+    depends on them), and the re-decodes' by the length of their previous hypothesis
+    (``redecodes``)."""
+
+    def __init__(self, greedy: Optional[CallRouter] = None) -> None:
+        self.greedy = greedy or CallRouter()
+        self.sampling: Dict[Tuple[float, int], CallRouter] = {}
+        self.redecodes = RedecodeRouters()
+
+    def router_for(self, options: DecodingOptions, previous: Optional[Sequence[int]] = None) -> CallRouter:
+        """The router that decides a call decoded with ``options`` (a re-decode's by the length
+        of its ``previous`` hypothesis)."""
+        if previous is not None:
+            return self.redecodes.router(len(previous))
+        if not options.sampling:
+            return self.greedy
+        key = (options.sampling_temperature, options.sampling_topk)
+        return self.sampling.setdefault(key, CallRouter())
+
+    def route(self, prompts, options: Mapping[str, Any], standing: Optional[str],
+              recall: Callable[[], Optional[Sequence[int]]], ask_router: bool, seeded: bool) -> Route:
+        """The route of ``generate(features, prompts, **options)``, but for its engine outside
+        the loop (``SpeculativeWhisper.route`` adds that).
+
+        Args:
+            standing: the model's reason the loop may not run any call (``inexact_reason``, a
+                drafter that could not be opened), or None.
+            recall: the window's previous hypothesis (asked for greedy calls only).
+            ask_router: whether the router decides (``Adaptive.route_calls``); if not, every
+                eligible call goes to the loop.
+            seeded: whether the model samples with a seed: its sampling calls run in the loop
+                only (which way a call goes depends on timings, and the loop's draws do not;
+                CTranslate2's would differ).
+        """
+        reason = standing or ineligible_reason(prompts, options)
+        if reason is not None:
+            return Route(ineligible=reason)
+        checked = decoding_options(options)
+        previous = None if checked.sampling else recall()
+        router = self.router_for(checked, previous)
+        wait = checked.sampling and seeded
+        loop = router.speculate(len(prompts)) if ask_router and not wait else True
+        return Route(options=checked, previous=None if previous is None else tuple(previous), router=router,
+                     loop=loop, wait=wait)
+
+
 @dataclass
 class EngineRouter:
     """Which engine runs a greedy ``generate()`` outside the loop whose encoder output is in
@@ -188,26 +341,26 @@ class EngineRouter:
     the caller's process cannot have, and measuring the two engines on different windows
     chose the slower one often enough to make long float32 recordings slower than tuned stock
     (the figures: docs/measurements.md, "Against tuned stock"). ``measure=True`` measures and probes
-    both as ``CallRouter`` does, with the patched runtime in the loop's place.
+    both with ``timing``, a ``CallRouter`` with the patched runtime in the loop's place.
     """
 
-    choice: CallRouter = field(default_factory=CallRouter)
+    timing: CallRouter = field(default_factory=CallRouter)
     measure: bool = False
 
-    def patched(self, batch_size: int) -> bool:
+    def use_patched(self, batch_size: int) -> bool:
         """Whether the next greedy call with ``batch_size`` rows should run on the patched runtime."""
-        return self.measure and self.choice.speculate(batch_size)
+        return self.measure and self.timing.speculate(batch_size)
 
     def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
         """Fold one call into the running costs (as ``CallRouter.record``)."""
-        self.choice.record(patched, batch_size, seconds, tokens)
+        self.timing.record(patched, batch_size, seconds, tokens)
 
     @property
     def patched_cost(self) -> Optional[float]:
         """Running seconds per token on the patched runtime, None before one."""
-        return self.choice.speculative_cost
+        return self.timing.speculative_cost
 
     @property
     def stock_cost(self) -> Dict[int, float]:
         """Batch size -> running seconds per token in the worker."""
-        return self.choice.generate_cost
+        return self.timing.generate_cost

@@ -3,61 +3,33 @@
 faster-whisper routes every model call through ``WhisperModel.model`` (encode, generate,
 detect_language, align). ``FlashWhisperModel`` (``whisper_model.py``) puts a
 ``SpeculativeWhisper`` there, which forwards everything to the engines except ``generate()``
-calls with ``beam_size=1``, whose rows it decodes with the speculative loop where the policy
-says that pays; this module also decides which calls can never run in the loop, and why.
+calls with ``beam_size=1``, whose rows it decodes with the speculative loop where that pays.
+Each call's ``Route`` (``routing.py``: whether the loop may run it and why not, whether it pays,
+which engine serves it outside the loop) is made once, by ``SpeculativeWhisper.route``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 
 from ct2_flash.audio import check_features
-from ct2_flash.drafting.base import DecodingOptions, Drafter, audio_frames, draws_at_random
+from ct2_flash.drafting.base import DecodingOptions, Drafter, audio_frames
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.engines import Engines
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
-from ct2_flash.routing import CallRouter, RedecodeRouters, produced_tokens
+from ct2_flash.routing import (BEAM_SEARCH, EXACT_COMPUTE_TYPE, UNOPENED_DRAFTER, CallRouter, CallRoutes, Route,
+                               inexact_reason, produced_tokens)
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.runtime.decoding import SpeculativeDecoder
 from ct2_flash.runtime.stats import SpecStats
 from ct2_flash.runtime.target import PromptLayout, host_array, on_device_of
 
 logger = logging.getLogger("ct2_flash")
-
-# generate() options whose defaults make a call plain greedy decoding (CTranslate2 defaults
-# beam_size to 5, so it must be given explicitly).
-_GREEDY_DEFAULTS: Dict[str, Any] = {
-    "asynchronous": False,
-    "repetition_penalty": 1,
-    "no_repeat_ngram_size": 0,
-    "return_logits_vocab": False,
-}
-_BEAM_SEARCH = "beam search is not speculative"
-_UNOPENED_DRAFTER = "the drafter could not be opened"
-# The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
-# logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.
-EXACT_COMPUTE_TYPE = "float32"
-
-
-def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> Optional[str]:
-    """Why the loop may not run at ``compute_type`` on ``device`` (None: it may), the one place
-    that decides."""
-    if near_exact:
-        return None
-    if device != "cpu":
-        # The float32 guard margin and the row scores follow CTranslate2's CPU kernels; a GPU's
-        # passes round differently (docs/usage.md, "On a GPU").
-        return f"on {device} the loop's exactness is not established, so the loop would not be exact"
-    if compute_type == EXACT_COMPUTE_TYPE:
-        return None
-    return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
-
 
 # The most tokens a greedy decode of a window with this much audio makes when it does not
 # repeat itself: a margin for the prompt's echo and the timestamps, and twice the fastest speech
@@ -82,8 +54,6 @@ _BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy d
 _INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
                  "most windows but not all: docs/exactness.md)")
 _DEVICE_HINT = " (near_exact=True runs the loop anyway: docs/usage.md, \"On a GPU\")"
-_OPTION_NAMES = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
-                 "sampling_topk", "sampling_temperature", "num_hypotheses")
 
 
 @dataclass(eq=False)
@@ -134,10 +104,10 @@ class SpeculativeWhisper:
     """A ``ctranslate2.models.Whisper`` whose ``generate()`` with ``beam_size=1`` (greedy or
     sampling) may run speculatively.
 
-    ``policy`` decides per greedy call (when the decoder is adaptive) whether the rows go
-    through the speculative loop or to the wrapped model's own ``generate()``; sampled calls
-    have a policy per temperature (``policy_for``), since how often the target agrees with a
-    draft depends on it. Every attribute not defined here is the wrapped model's.
+    Each call's ``Route`` (``route``) says whether its rows go through the speculative loop or
+    to ``generate()`` on one of the engines: ``routes`` holds the routers that decide (when the
+    decoder is adaptive), ``call_router`` deciding greedy calls. Every attribute not defined
+    here is the wrapped model's.
 
     Thread safety: faster-whisper's ``num_workers`` lets several threads call ``generate()`` on
     one model. The loop holds one drafter's per-window caches and one decoder, so one call at a
@@ -148,7 +118,7 @@ class SpeculativeWhisper:
     """
 
     def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
-                 policy: Optional[CallRouter] = None, near_exact: bool = False,
+                 call_router: Optional[CallRouter] = None, near_exact: bool = False,
                  engines: Optional[Engines] = None, redecodes: bool = True) -> None:
         self._model = model
         self.decoder = decoder
@@ -157,8 +127,7 @@ class SpeculativeWhisper:
         # Where the loop's passes are not single steps' computation, only an opt-in runs it.
         self._device = getattr(decoder.runtime.model, "device", "cpu")  # "cpu" or "cuda", fixed with the model
         self.inexact_reason = inexact_reason(decoder.runtime.model.compute_type, near_exact, self._device)
-        self.policy = policy or CallRouter()
-        self._sampling_policies: Dict[Tuple[float, int], CallRouter] = {}
+        self.routes = CallRoutes(call_router)
         self._vocabulary = vocabulary
         self._fallback_reasons_logged: set = set()
         # A drafter ONNX Runtime could not open (``_drafter_opens``): while it is the decoder's,
@@ -171,7 +140,6 @@ class SpeculativeWhisper:
         # the length of that hypothesis (routing.RedecodeRouters), since how well the loop
         # pays follows how much of the buffer it covers.
         self.recent = RecentWindows() if redecodes else None
-        self.redecode_routers = RedecodeRouters()
         self._loop = threading.Lock()  # held by the one call in the speculative loop
         self._counting = threading.Lock()  # counters and policies touched outside the loop
 
@@ -191,73 +159,67 @@ class SpeculativeWhisper:
         fingerprint = window_fingerprint(features) if self.recent is not None else None
         return EncodedWindow(output, audio_frames(features), fingerprint)
 
-    def policy_for(self, options: DecodingOptions) -> CallRouter:
-        """The policy that decides calls decoded with ``options`` (one per temperature and top-k)."""
-        if not options.sampling:
-            return self.policy
-        key = (options.sampling_temperature, options.sampling_topk)
-        return self._sampling_policies.setdefault(key, CallRouter())
+    @property
+    def call_router(self) -> CallRouter:
+        """The router of greedy calls that are not re-decodes."""
+        return self.routes.greedy
+
+    @property
+    def redecode_routers(self):
+        """The re-decodes' routers, by the length of the previous hypothesis."""
+        return self.routes.redecodes
+
+    def route(self, window: EncodedWindow, prompts, kwargs: Dict[str, Any]) -> Route:
+        """How ``generate(window, prompts, **kwargs)`` is served: made once per call, from the
+        model's standing reasons, the call's options, the window's previous hypothesis, the
+        router that decides and, outside the loop, the engine (``routing.Route``). Bad options
+        raise here, before anything is decoded."""
+        standing = self.inexact_reason
+        if standing is None and self._unopened_drafter is not None and self._unopened_drafter is self.decoder.drafter:
+            standing = UNOPENED_DRAFTER
+        fingerprint = window.fingerprint
+        with self._counting:
+            route = self.routes.route(
+                prompts, kwargs, standing,
+                recall=lambda: None if fingerprint is None else self.recent.recall(fingerprint),
+                ask_router=self.decoder.adaptive.route_calls, seeded=self.decoder.seeded)
+        if route.loop:
+            return route
+        return replace(route, engine=self.engines.engine_for(window.output, kwargs, len(prompts)))
 
     def generate(self, features, prompts, **kwargs):
         """CTranslate2's ``Whisper.generate``; calls with ``beam_size=1`` run speculatively,
-        row by row and hypothesis by hypothesis."""
-        reason = self._fallback_reason(prompts, kwargs)
-        if reason is not None:
-            if reason not in self._fallback_reasons_logged:
-                self._fallback_reasons_logged.add(reason)
-                # A user who only swapped the class (faster-whisper's transcribe() defaults to
-                # beam_size=5) or runs on a GPU gets no speculation at all: warn, and say how.
-                # int8 on the CPU is the usual faster-whisper setting, exact and faster as it is
-                # (the worker's encoder), and float32 would be slower there: INFO, with the options.
-                if reason == _BEAM_SEARCH:
-                    log, hint = logger.warning, self.beam_search_hint
-                elif reason == self.inexact_reason and self._device != "cpu":
-                    log, hint = logger.warning, _DEVICE_HINT
-                elif reason == self.inexact_reason:
-                    log, hint = logger.info, _INEXACT_HINT
-                else:
-                    log, hint = logger.info, ""
-                log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint)
+        row by row and hypothesis by hypothesis, where their ``route`` says so."""
+        window = self._window(features)
+        route = self.route(window, prompts, kwargs)
+        if route.ineligible is not None:
+            self._log_ineligible(route.ineligible)
             with self._counting:
                 self.stats.fallback_calls += 1
-            return self.engines.generate(self._window(features).output, prompts, **kwargs)
-
-        options = DecodingOptions(  # bad options raise here, before anything is decoded
-            suppress_tokens=tuple(int(t) for t in kwargs.get("suppress_tokens", (-1,))),
-            **{name: kwargs[name] for name in _OPTION_NAMES if name in kwargs},
-        )
-        window = self._window(features)
-        # A greedy call on one window that this thread decoded before: its previous hypothesis.
-        fingerprint = None if options.sampling else window.fingerprint
-        previous = None if fingerprint is None else self.recent.recall(fingerprint)
-        # Without adaptive (and while tests swap drafters in) every call drafts.
-        with self._counting:
-            self.stats.redecodes += int(previous is not None)
-            policy = self.redecode_routers.router(len(previous)) if previous is not None else self.policy_for(options)
-            # A seeded model samples in the loop only: which way a call goes depends on
-            # timings, and the loop's draws do not (CTranslate2's would differ).
-            repeatable = options.sampling and self.decoder.seeded
-            speculative = policy.speculate(len(prompts)) if self.decoder.adaptive.route_calls and not repeatable else True
+            return self.engines.generate(window.output, prompts, engine=route.engine, **kwargs)
+        options = route.options
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
-        held = in_loop = speculative and self._loop.acquire(blocking=repeatable)
+        held = in_loop = route.loop and self._loop.acquire(blocking=route.wait)
         try:
             if in_loop:
-                in_loop = speculative = self._loop_ready()
+                in_loop = self._loop_ready()
             with Stopwatch() as watch:
                 if in_loop:
-                    results = self._speculative_rows(window, prompts, options, kwargs, previous)
+                    results = self._speculative_rows(window, prompts, options, kwargs, route.previous)
                 else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                    results = self._generate_or_continue(window, prompts, options, kwargs, busy=speculative)
+                    results = self._generate_or_continue(window, prompts, route, kwargs)
         finally:
             if held:
                 self._loop.release()
         tokens = produced_tokens(results)
         with self._counting:
+            self.stats.redecodes += int(route.previous is not None)
             if not in_loop:
                 self.stats.generate_rows += len(prompts)
                 self.stats.generate_seconds += watch.seconds
-                self.stats.busy_calls += int(speculative)
-            policy.record(in_loop, len(prompts), watch.seconds, tokens)
+                self.stats.busy_calls += int(route.loop)
+            route.router.record(in_loop, len(prompts), watch.seconds, tokens)
+        fingerprint = None if options.sampling else window.fingerprint
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
             layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
             decoded = results[0].sequences_ids[0]
@@ -265,8 +227,26 @@ class SpeculativeWhisper:
                 decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
         return results
 
-    def _generate_or_continue(self, window: EncodedWindow, prompts, options: DecodingOptions,
-                              kwargs: Dict[str, Any], busy: bool) -> list:
+    def _log_ineligible(self, reason: str) -> None:
+        """Say once per reason why calls go to ``generate()`` without the loop."""
+        if reason in self._fallback_reasons_logged:
+            return
+        self._fallback_reasons_logged.add(reason)
+        # A user who only swapped the class (faster-whisper's transcribe() defaults to
+        # beam_size=5) or runs on a GPU gets no speculation at all: warn, and say how.
+        # int8 on the CPU is the usual faster-whisper setting, exact and faster as it is
+        # (the worker's encoder), and float32 would be slower there: INFO, with the options.
+        if reason == BEAM_SEARCH:
+            log, hint = logger.warning, self.beam_search_hint
+        elif reason == self.inexact_reason and self._device != "cpu":
+            log, hint = logger.warning, _DEVICE_HINT
+        elif reason == self.inexact_reason:
+            log, hint = logger.info, _INEXACT_HINT
+        else:
+            log, hint = logger.info, ""
+        log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint)
+
+    def _generate_or_continue(self, window: EncodedWindow, prompts, route: Route, kwargs: Dict[str, Any]) -> list:
         """``generate()``, stopped where a one-row greedy decode outgrows its audio
         (``longest_plausible``) and finished in the loop, which offers the tokens so far and
         then the decode's own repeats (``HypothesisDrafter``).
@@ -278,22 +258,24 @@ class SpeculativeWhisper:
         one, and the loop decodes the window afresh, verifying them. Where the loop cannot take
         it (busy, or a model it does not run), the whole call goes to ``generate()`` again.
         """
-        capped = None if busy else self._continuation_cap(window, prompts, options)
+        # A call routed to the loop that found it busy: its engine is chosen now.
+        engine = route.engine or self.engines.engine_for(window.output, kwargs, len(prompts))
+        capped = None if route.loop else self._continuation_cap(window, prompts, route.options)
         if capped is None:
-            return self.engines.generate(window.output, prompts, **kwargs)
+            return self.engines.generate(window.output, prompts, engine=engine, **kwargs)
         cap, max_length = capped
-        results = self.engines.generate(window.output, prompts, **dict(kwargs, max_length=max_length))
+        results = self.engines.generate(window.output, prompts, engine=engine, **dict(kwargs, max_length=max_length))
         decoded = results[0].sequences_ids[0]
         if len(decoded) < cap:  # it ended: the whole call's result
             return results
         if not self._loop.acquire(blocking=False):
-            return self.engines.generate(window.output, prompts, **kwargs)
+            return self.engines.generate(window.output, prompts, engine=engine, **kwargs)
         try:
             if not self._loop_ready():
-                return self.engines.generate(window.output, prompts, **kwargs)
+                return self.engines.generate(window.output, prompts, engine=engine, **kwargs)
             with self._counting:
                 self.stats.continued_rows += 1
-            return self._speculative_rows(window, prompts, options, kwargs, tuple(decoded))
+            return self._speculative_rows(window, prompts, route.options, kwargs, tuple(decoded))
         finally:
             self._loop.release()
 
@@ -302,7 +284,7 @@ class SpeculativeWhisper:
         ``max_length`` that stops ``generate()`` there), or None where it does not (several rows,
         sampling, unknown audio length, or a cap that would leave less than 1/``LEFT_PER_CAPPED``
         of itself of the call's budget). Calls the loop cannot run never get here
-        (``_fallback_reason``)."""
+        (``Route.ineligible``)."""
         if len(prompts) != 1 or options.sampling or not window.frames:
             return None
         cap = longest_plausible(window.frames[0])
@@ -328,9 +310,9 @@ class SpeculativeWhisper:
             return True
         except CheckpointError as error:
             self._unopened_drafter = drafter
-            self._fallback_reasons_logged.add(_UNOPENED_DRAFTER)
+            self._fallback_reasons_logged.add(UNOPENED_DRAFTER)
             logger.warning("ct2-flash: %s (%s); using CTranslate2's own generate() for every call from now on "
-                           "(the same tokens, without speculation)", _UNOPENED_DRAFTER, error)
+                           "(the same tokens, without speculation)", UNOPENED_DRAFTER, error)
             return False
 
     def detect_language(self, features, *args, **kwargs):
@@ -379,25 +361,3 @@ class SpeculativeWhisper:
         if len(shape) == 3 and shape[1] == self._model.n_mels and shape[2] != shape[1]:
             return self.encode(features)
         return EncodedWindow.of(features)
-
-    def _fallback_reason(self, prompts, kwargs: Dict[str, Any]) -> Optional[str]:
-        if kwargs.get("beam_size", 5) != 1:
-            return _BEAM_SEARCH
-        if self.inexact_reason is not None:
-            return self.inexact_reason
-        if self._unopened_drafter is not None and self._unopened_drafter is self.decoder.drafter:
-            return _UNOPENED_DRAFTER
-        sampling = draws_at_random(kwargs.get("sampling_topk", 1), kwargs.get("sampling_temperature", 1.0))
-        if kwargs.get("num_hypotheses", 1) > 1 and not sampling:  # CTranslate2 decides (patience)
-            return "several hypotheses without sampling are not speculative"
-        for name, default in _GREEDY_DEFAULTS.items():
-            if kwargs.get(name, default) != default:
-                return f"generate(..., {name}={kwargs[name]!r}) is not speculative"
-        unknown = set(kwargs) - set(_GREEDY_DEFAULTS) - set(_OPTION_NAMES) - {
-            "beam_size", "patience", "suppress_tokens", "return_scores", "return_no_speech_prob",
-        }
-        if unknown:
-            return f"generate() options {sorted(unknown)} are not speculative"
-        if any(not isinstance(t, (int, np.integer)) for prompt in prompts for t in prompt):
-            return "prompts given as token strings are not speculative"
-        return None

@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import logging
 import os
+import warnings
 import weakref
 from typing import Callable, ContextManager, Optional, Union
 
@@ -37,7 +38,8 @@ from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 from ct2_flash.stock.location import installed as stock_installed
 from ct2_flash.engines import Engines
-from ct2_flash.speculative_whisper import SpeculativeWhisper, inexact_reason
+from ct2_flash.routing import inexact_reason
+from ct2_flash.speculative_whisper import SpeculativeWhisper
 from ct2_flash.thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
@@ -124,7 +126,7 @@ class FlashWhisperModel(WhisperModel):
         seed: makes sampled decoding repeatable: the same calls on the same model give the
             same samples with the same drafter on the same machine (another drafter samples
             from the same distribution; ``decoding.SpeculativeDecoder``). With
-            a seed, sampled calls always run in the speculative loop (the policy's choice
+            a seed, sampled calls always run in the speculative loop (the call router's choice
             depends on timings, and CTranslate2's ``generate()`` draws differently); it also
             seeds CTranslate2 (``ctranslate2.set_random_seed``, process-wide), which samples the
             calls the loop does not run (``near_exact``) repeatably too. None: fresh
@@ -133,10 +135,11 @@ class FlashWhisperModel(WhisperModel):
             gives logits (the rejection rule with q); False proposes its most likely tokens
             outright (``decoding.SpeculativeDecoder``). The tokens' distribution is the
             target's either way.
-        policy: decides per call whether the loop or ``generate()`` decodes it (default a new
-            ``CallRouter``); used only with ``adaptive``. Re-decodes have routers of
-            their own, by the length of the previous hypothesis (``self.model.redecode_routers``,
-            ``routing.RedecodeRouters``), which measure the loop first.
+        call_router: decides per greedy call whether the loop or ``generate()`` decodes it
+            (default a new ``CallRouter``); used only with ``adaptive``. Re-decodes have routers
+            of their own, by the length of the previous hypothesis
+            (``self.model.redecode_routers``, ``routing.RedecodeRouters``), which measure the
+            loop first. ``policy=``, its former name, still works and warns.
         redecodes: remember, per thread, the last windows decoded greedily (their first second
             of audio and their tokens, ``redecodes.REMEMBERED`` of them), and offer a window's previous
             hypothesis to the loop when the same audio is decoded again, as streaming clients
@@ -165,9 +168,10 @@ class FlashWhisperModel(WhisperModel):
             or dies, one warning, and the patched runtime serves the calls (a dead worker is
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
-        engine_policy: with the worker, decides per greedy ``generate()`` call which engine
+        engine_router: with the worker, decides per greedy ``generate()`` call which engine
             runs it (default a new ``EngineRouter``: the worker; ``EngineRouter(measure=True)``
-            measures both); a benchmark or test that needs every call on one engine passes its own.
+            measures both); a benchmark or test that needs every call on one engine passes its
+            own. ``engine_policy=``, its former name, still works and warns.
     """
 
     def __init__(
@@ -181,13 +185,17 @@ class FlashWhisperModel(WhisperModel):
         guard_margin: Optional[float] = None,
         seed: Optional[int] = None,
         draw_drafts: bool = True,
-        policy: Optional[CallRouter] = None,
+        call_router: Optional[CallRouter] = None,
         near_exact: bool = False,
         stock_engine: bool = True,
-        engine_policy: Optional[EngineRouter] = None,
+        engine_router: Optional[EngineRouter] = None,
         redecodes: bool = True,
+        policy: Optional[CallRouter] = None,
+        engine_policy: Optional[EngineRouter] = None,
         **kwargs,
     ) -> None:
+        call_router = _renamed("policy", policy, "call_router", call_router)
+        engine_router = _renamed("engine_policy", engine_policy, "engine_router", engine_router)
         if decoder_threads not in (None, "auto") and (isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int)
                                                      or decoder_threads < 1):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
@@ -226,7 +234,7 @@ class FlashWhisperModel(WhisperModel):
             suppress_ids_begin=config.get("suppress_ids_begin", ()),
         )
         if drafter.needs_states and loop_runs and deferred is None:
-            # Otherwise the first speculative call would pay for it, and the policy would
+            # Otherwise the first speculative call would pay for it, and the call router would
             # measure speculation slower than it is (where the loop never runs, nothing pays;
             # a deferred model is loaded, and the recovery solved, before the loop's first call).
             runtime.prepare_recovery()
@@ -238,12 +246,11 @@ class FlashWhisperModel(WhisperModel):
                                      guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
         if stock is None and stock_engine:
             stock = self._stock_engine(model_path, args, kwargs, seed, self.model.device, self.model.compute_type)
-        engines = Engines(self.model, stock, engine_policy)
+        engines = Engines(self.model, stock, engine_router)
         if stopping is not None:
             stopping.detach()
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, policy or CallRouter(), near_exact,
-                                        engines, redecodes)
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, call_router, near_exact, engines, redecodes)
 
     @staticmethod
     def _deferred_compute_type(model_path: str, args, kwargs, worker: bool) -> Optional[str]:
@@ -379,6 +386,18 @@ class BatchedInferencePipeline(faster_whisper.BatchedInferencePipeline):
     @signature_of(faster_whisper.BatchedInferencePipeline.transcribe)
     def transcribe(self, audio, *args, **kwargs):
         return super().transcribe(checked_audio(audio, self.model.feature_extractor.sampling_rate), *args, **kwargs)
+
+
+def _renamed(old: str, old_value, new: str, value):
+    """A constructor argument given by its former keyword ``old``: its value, with a
+    ``DeprecationWarning``; both given is an error."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"FlashWhisperModel() got both {old}= and {new}=; pass {new}= only")
+    warnings.warn(f"FlashWhisperModel({old}=...) is now {new}=...; {old}= will be removed", DeprecationWarning,
+                  stacklevel=3)
+    return old_value
 
 
 def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.en",

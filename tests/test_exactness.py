@@ -99,7 +99,7 @@ def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps
     # where the draft pause and the draft lengths decide inside speculative calls (every
     # call is speculative here: the policy would send most of them to generate()).
     if kind == "default-adaptive":
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, policy=AlwaysSpeculate())
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=AlwaysSpeculate())
         drafter = flash.decoder.drafter
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)

@@ -164,7 +164,7 @@ def _routed_to_generate(monkeypatch, flash):
     from ct2_flash.routing import CallRouter
 
     monkeypatch.setattr(flash.model, "recent", None)
-    monkeypatch.setattr(flash.model, "policy", CallRouter())
+    monkeypatch.setattr(flash.model.routes, "greedy", CallRouter())
     flash.reset_spec_stats()
 
 

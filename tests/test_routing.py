@@ -98,7 +98,7 @@ def test_a_call_weighs_as_many_tokens_as_it_produced():
 def test_without_adaptive_every_call_speculates(model_path, clips):
     """adaptive=False: a policy that would send every call to generate() is not asked."""
     flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
-                              policy=ForcedGenerate(), adaptive=False)
+                              call_router=ForcedGenerate(), adaptive=False)
     segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
     assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
 
@@ -111,7 +111,7 @@ def test_the_adaptive_parts_turn_on_alone(model_path, clips):
     for adaptive, speculated in [(Adaptive(route_calls=False), True),
                                  (Adaptive(route_calls=True, pause_drafting=False, draft_lengths=False), False)]:
         flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
-                                  policy=ForcedGenerate(), adaptive=adaptive)
+                                  call_router=ForcedGenerate(), adaptive=adaptive)
         segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
         assert (flash.spec_stats.generate_calls > 0) is speculated
         assert (flash.spec_stats.generate_rows == 0) is speculated
@@ -131,7 +131,7 @@ def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips,
     from ct2_flash.validation.drafters import RandomDrafter
 
     pair = float32_pair
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, policy=policy())
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=policy())
     with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
         name = "clip06_awb.ogg"
         got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
@@ -148,7 +148,7 @@ def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips,
 
 def test_generate_way_is_token_identical_at_int8_too(pair, model_path, clips):
     """generate() is faster-whisper's own call, so even int8 matches exactly."""
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=pair.compute_type, cpu_threads=THREADS, policy=ForcedGenerate())
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=pair.compute_type, cpu_threads=THREADS, call_router=ForcedGenerate())
     for name in ("clip02_awb.ogg", "clip11_rms.ogg"):
         assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1)
 
@@ -266,3 +266,79 @@ def test_re_decodes_are_routed_by_the_length_of_their_previous_hypothesis():
         assert ways[id(router)][:3] == [True, True, False]  # two in the loop, then generate() is measured
     assert sum(ways[id(short)][3:]) <= 3  # the loser, probed now and then
     assert sum(ways[id(long)][3:]) >= 34
+
+
+@pytest.mark.parametrize("options, prompts, reason", [
+    (dict(beam_size=5), [[50257]], "beam search"),
+    (dict(), [[50257]], "beam search"),  # CTranslate2's default beam_size is 5
+    (dict(beam_size=1, num_hypotheses=2), [[50257]], "several hypotheses"),
+    (dict(beam_size=1, repetition_penalty=1.1), [[50257]], "repetition_penalty"),
+    (dict(beam_size=1, some_future_option=True), [[50257]], "some_future_option"),
+    (dict(beam_size=1), [["<|startoftranscript|>"]], "token strings"),
+])
+def test_a_call_the_loop_cannot_run_is_routed_with_its_reason(options, prompts, reason):
+    from ct2_flash.routing import CallRoutes
+
+    route = CallRoutes().route(prompts, options, None, recall=lambda: None, ask_router=True, seeded=False)
+    assert reason in route.ineligible and not route.loop and route.router is None and route.options is None
+
+
+def test_a_route_says_which_router_decides_and_whether_the_loop_runs():
+    from ct2_flash.routing import CallRoutes, inexact_reason
+
+    routes = CallRoutes(ForcedGenerate())
+    greedy = routes.route([[50257]], dict(beam_size=1), None, recall=lambda: None, ask_router=True, seeded=False)
+    assert greedy.ineligible is None and greedy.router is routes.greedy and not greedy.loop and greedy.previous is None
+    redecode = routes.route([[50257]], dict(beam_size=1), None, recall=lambda: [1, 2, 3], ask_router=True, seeded=False)
+    assert redecode.previous == (1, 2, 3) and redecode.router is routes.redecodes.router(3) and redecode.loop
+    sampled = dict(beam_size=1, sampling_topk=0, sampling_temperature=0.6)
+    asked = []
+    drawn = routes.route([[50257]], sampled, None, recall=lambda: asked.append(1), ask_router=True, seeded=True)
+    assert drawn.router is routes.sampling[(0.6, 0)] and drawn.loop and drawn.wait and not asked  # no recall
+    unasked = routes.route([[50257]], dict(beam_size=1), None, recall=lambda: None, ask_router=False, seeded=False)
+    assert unasked.loop  # adaptive off: every eligible call drafts
+    standing = inexact_reason("int8", False)
+    assert routes.route([[50257]], dict(beam_size=1), standing, lambda: None, True, False).ineligible == standing
+    with pytest.raises(ValueError, match="sampling_temperature"):
+        routes.route([[50257]], dict(beam_size=1, sampling_topk=0, sampling_temperature=-1.0), None, lambda: None,
+                     True, False)
+
+
+def test_a_route_is_made_once_per_call(model_path, clips, monkeypatch):
+    """Every generate() call, whichever way it goes (the loop, generate(), beam search, a
+    re-decode), is routed exactly once."""
+    from ct2_flash.speculative_whisper import SpeculativeWhisper
+
+    counts = {"generate": 0, "route": 0}
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(SpeculativeWhisper, "generate", counted("generate", SpeculativeWhisper.generate))
+    monkeypatch.setattr(SpeculativeWhisper, "route", counted("route", SpeculativeWhisper.route))
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS)
+    audio = clips["clip06_awb.ogg"]
+    for options in (dict(beam_size=1), dict(beam_size=1), dict(beam_size=5), dict(beam_size=1, word_timestamps=True)):
+        segments_of(flash, audio, **options)
+    assert flash.spec_stats.redecodes >= 1 and flash.spec_stats.fallback_calls >= 1
+    assert counts["route"] == counts["generate"] >= 4
+
+
+def test_the_former_router_keywords_still_work_and_warn(model_path):
+    from ct2_flash.routing import EngineRouter
+
+    call_router, engine_router = ForcedGenerate(), EngineRouter()
+    with pytest.warns(DeprecationWarning, match="call_router"):
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
+                                  policy=call_router)
+    assert flash.model.call_router is call_router
+    with pytest.warns(DeprecationWarning, match="engine_router"):
+        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
+                                  engine_policy=engine_router)
+    assert flash.model.engines.engine_router is engine_router
+    with pytest.raises(TypeError, match="call_router= only"):
+        FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", policy=call_router,
+                          call_router=ForcedGenerate())

@@ -118,8 +118,8 @@ class OnePatched(EngineRouter):
         super().__init__(measure=True)
         self.forced = forced
 
-    def patched(self, batch_size):
-        return self.forced or super().patched(batch_size)
+    def use_patched(self, batch_size):
+        return self.forced or super().use_patched(batch_size)
 
 
 def test_greedy_calls_run_on_the_engine_the_policy_picks(model_path, float32_pair, clips):
@@ -129,7 +129,7 @@ def test_greedy_calls_run_on_the_engine_the_policy_picks(model_path, float32_pai
 
     # Every call outside the loop (no re-decodes: their policy tries the loop first).
     flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True,
-                              policy=ForcedGenerate(), engine_policy=OnePatched(), redecodes=False)
+                              call_router=ForcedGenerate(), engine_router=OnePatched(), redecodes=False)
     engines = flash.model.engines
     name = SHORT[0]
     for options in ({"beam_size": 1}, {"beam_size": 1}, {"beam_size": 5}):
@@ -165,7 +165,7 @@ def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_w
     """What users run today is the reference: the default model (worker on) gives its tokens,
     also with every greedy call on the patched runtime (from the worker's encoder output)."""
     policy = OnePatched(forced=False)
-    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, engine_policy=policy)
+    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, engine_router=policy)
     stock = stock_faster_whisper(compute_type)
     assert stock.version == STOCK_CTRANSLATE2
     engines = flash.model.engines
@@ -186,10 +186,10 @@ def test_the_default_engine_router_keeps_greedy_calls_in_the_worker():
     default, measuring = EngineRouter(), EngineRouter(measure=True)
     for router in (default, measuring):
         for _ in range(40):  # the patched runtime measured twice as fast as the worker
-            patched = router.patched(1)
+            patched = router.use_patched(1)
             router.record(patched, 1, 0.005 if patched else 0.010, 100)
-    assert not default.patched(1) and default.patched_cost is None
-    assert measuring.patched(1)
+    assert not default.use_patched(1) and default.patched_cost is None
+    assert measuring.use_patched(1)
 
 
 def test_int8_through_the_worker_is_faster_whispers_output(model_path, clips):

@@ -52,7 +52,7 @@ def main() -> None:
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
 
     def flash_with(policy):
-        return FlashWhisperModel(path, policy=policy, **options, redecodes=False)
+        return FlashWhisperModel(path, call_router=policy, **options, redecodes=False)
 
     systems = {"faster-whisper": lambda: WhisperModel(path, **options),
                "ct2-flash": lambda: flash_with(None),

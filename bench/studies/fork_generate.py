@@ -4,7 +4,7 @@ copy of the stock worker's encoder output against the worker's own, on real spee
 For every clip and compute type, ``FlashWhisperModel(stock_engine=True)`` transcribes twice
 (greedy, timestamps on, the loop off, ``temperature=0``: no sampled fallback, whose draws
 would differ between any two runs), once with every ``generate()`` call in the worker and
-once with every call on the patched runtime (``FixedEngine``, the model's ``engine_policy``), in alternating order;
+once with every call on the patched runtime (``FixedEngine``, the model's ``engine_router``), in alternating order;
 the encoder runs in the worker both times. Reported: clips whose tokens are identical, and the
 summed time of the greedy calls on each engine (the worker's includes its channel, the patched
 runtime's the copy of the encoding), from the same run.
@@ -50,7 +50,7 @@ class FixedEngine(EngineRouter):
     def use(self, engine: str) -> None:
         self.engine = engine
 
-    def patched(self, batch_size: int) -> bool:
+    def use_patched(self, batch_size: int) -> bool:
         return self.engine == "patched"
 
     def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
@@ -87,7 +87,7 @@ def main() -> None:
     for compute_type in args.compute_type:
         engine = FixedEngine()
         model = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=args.threads, stock_engine=True,
-                                  policy=NeverSpeculate(), engine_policy=engine, redecodes=False)
+                                  call_router=NeverSpeculate(), engine_router=engine, redecodes=False)
         list(model.transcribe(next(iter(audio["test clips"].values())), beam_size=1)[0])  # warm-up: worker starts
         engine.clear()
         per_set = {}

@@ -195,7 +195,7 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
             # The stock engine's worker (if on): generate() calls each engine served over the
             # whole setting (warm-up included), and the greedy costs per token it measured.
             "engines": {"stock_active": engines.stock_active, "generate_calls": dict(engines.generate_calls),
-                        "patched_cost": engines.policy.patched_cost, "stock_cost": dict(engines.policy.stock_cost),
+                        "patched_cost": engines.engine_router.patched_cost, "stock_cost": dict(engines.engine_router.stock_cost),
                         "stock_failures": engines.stock_failures,
                         "keeps_freed_memory": engines.stock.keeps_freed_memory if engines.stock is not None else None,
                         "allocator": engines.stock.allocator if engines.stock is not None else None,
