@@ -16,19 +16,22 @@ from ct2_flash.runtime.decoding import Adaptive, SpeculativeDecoder  # noqa: E40
 from ct2_flash.runtime.stats import SpecStats  # noqa: E402
 from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, load_drafter  # noqa: E402
 from ct2_flash.dropin import install, uninstall  # noqa: E402
+from ct2_flash.collection import CollectionError, FileResult, transcribe_files  # noqa: E402
 
 # What users need: the model and its pipeline, the loop and its counters, drafters (the
 # interface, the built-in one, the loader), models, the drop-in under programs that build
-# faster-whisper's class themselves, and the errors they may meet.
+# faster-whisper's class themselves, whole collections of files, and the errors they may meet.
 __all__ = [
     "Adaptive",
     "AudioError",
     "BatchedInferencePipeline",
     "CheckpointError",
+    "CollectionError",
     "DecodingOptions",
     "DraftWindow",
     "Drafter",
     "DrafterMismatchError",
+    "FileResult",
     "FlashWhisperModel",
     "PromptLookupDrafter",
     "Proposal",
@@ -40,6 +43,7 @@ __all__ = [
     "install",
     "load_drafter",
     "resolve_model",
+    "transcribe_files",
     "uninstall",
 ]
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 FORMATS = ("txt", "srt", "vtt", "json")
 
@@ -54,14 +54,34 @@ def to_json(segments: Sequence, info) -> str:
 WRITERS: Dict[str, Callable] = {"txt": to_txt, "srt": to_srt, "vtt": to_vtt, "json": to_json}
 
 
-def write_outputs(segments: Sequence, info, audio_path: str, output_dir: str, formats: Sequence[str]) -> List[str]:
-    """Write ``<output_dir>/<audio stem>.<format>`` for each format; returns the paths."""
-    os.makedirs(output_dir, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(audio_path))[0]
-    paths = []
-    for name in formats:
-        path = os.path.join(output_dir, f"{stem}.{name}")
-        with open(path, "w", encoding="utf-8") as stream:
-            stream.write(WRITERS[name](segments, info))
-        paths.append(path)
+def output_paths(output_dir: str, stem: str, formats: Sequence[str]) -> List[str]:
+    """``<output_dir>/<stem>.<format>`` for each format (``stem`` may hold sub-folders, "/"-separated)."""
+    return [os.path.join(output_dir, *stem.split("/")[:-1], f"{stem.split('/')[-1]}.{name}") for name in formats]
+
+
+def write_outputs(segments: Sequence, info, audio_path: str, output_dir: str, formats: Sequence[str],
+                  stem: Optional[str] = None) -> List[str]:
+    """Write ``<output_dir>/<stem>.<format>`` for each format (``stem``: the audio file's name
+    without its extension unless given); returns the paths.
+
+    Each file is written whole or not at all: every format goes to a temporary file beside its
+    target first, and only when all are written do they replace their targets, so an
+    interrupted run (an error, Ctrl-C, a kill) leaves no half-written output under a real name.
+    """
+    stem = stem if stem is not None else os.path.splitext(os.path.basename(audio_path))[0]
+    paths = output_paths(output_dir, stem, formats)
+    os.makedirs(os.path.dirname(paths[0]) if paths else output_dir, exist_ok=True)
+    written = []
+    try:
+        for name, path in zip(formats, paths):
+            partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial-{os.getpid()}")
+            written.append(partial)
+            with open(partial, "w", encoding="utf-8") as stream:
+                stream.write(WRITERS[name](segments, info))
+        for partial, path in zip(written, paths):
+            os.replace(partial, path)
+    finally:
+        for partial in written:
+            if os.path.exists(partial):
+                os.remove(partial)
     return paths

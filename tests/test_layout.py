@@ -16,7 +16,7 @@ LAYERS = [
      "dropin", "run_program"),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
     ("validation",),              # reference drafters, exactness comparisons, fuzzing
     ("benchmark", "train", "converters"),
-    ("cli", "outputs", "__init__"),  # the command line and the transcript files only it writes
+    ("cli", "outputs", "collection", "__init__"),  # the command line, the transcript files it writes, whole collections
 ]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 

@@ -1,0 +1,219 @@
+"""Transcribe a whole collection: files, folders and lists of paths, resumable, one file's failure
+never stopping the others.
+
+``find_audio`` turns what a user names into the audio files and where each one's outputs go:
+a file given directly writes ``NAME.FORMAT`` at the top of the output folder, a folder's files
+mirror its sub-folders below it, and a text file (``.txt``, ``.lst``) lists paths, one per line
+(relative to the list's folder; ``#`` starts a comment), each taken as if given directly.
+``transcribe_files`` transcribes them with one model and yields a ``FileResult`` per file:
+files whose outputs all exist are skipped (a rerun resumes), each file's outputs are written
+whole or not at all (``outputs.write_outputs``), and a file that cannot be decoded is a failed
+result with its reason, not an exception. ``ct2-flash transcribe`` is its command line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from ct2_flash.outputs import output_paths, write_outputs
+
+# What a folder's walk takes as audio (by extension, case-insensitive); a file named directly or
+# in a list is taken whatever its name.
+AUDIO_EXTENSIONS = frozenset({
+    ".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".webm", ".mp4", ".mkv",
+    ".mov", ".aif", ".aiff", ".amr", ".3gp", ".mka",
+})
+LIST_EXTENSIONS = frozenset({".txt", ".lst"})
+
+
+class CollectionError(ValueError):
+    """What was named cannot be transcribed as asked (a path that does not exist, two inputs
+    whose outputs would be the same files, an output folder that cannot be written); raised
+    before anything is transcribed."""
+
+
+@dataclass(frozen=True)
+class AudioFile:
+    """One file of a collection.
+
+    Attributes:
+        path: the audio file.
+        stem: where its outputs go, relative to the output folder, without the format's
+            extension: ``NAME`` or ``SUB/FOLDERS/NAME``.
+    """
+
+    path: str
+    stem: str
+
+
+@dataclass
+class FileResult:
+    """What ``transcribe_files`` did with one file.
+
+    Attributes:
+        path: the audio file.
+        status: "done" (transcribed, outputs written), "skipped" (its outputs existed) or
+            "failed" (``error`` says why; no output written).
+        outputs: its output files (written, or found when skipped).
+        error: why it failed, else None.
+        audio_seconds: the audio's duration where it was transcribed, else 0.
+        seconds: wall time spent on it.
+    """
+
+    path: str
+    status: str
+    outputs: List[str] = field(default_factory=list)
+    error: Optional[str] = None
+    audio_seconds: float = 0.0
+    seconds: float = 0.0
+
+
+def find_audio(inputs: Sequence[str]) -> List[AudioFile]:
+    """The audio files ``inputs`` name, in order (a folder's sorted), each once.
+
+    Raises:
+        CollectionError: a path that does not exist (all of them named), or two files whose
+            outputs would be the same (both named).
+    """
+    found: List[AudioFile] = []
+    missing: List[str] = []
+    for name in inputs:
+        if os.path.isdir(name):
+            found += _walk(name)
+        elif os.path.isfile(name) and os.path.splitext(name)[1].lower() in LIST_EXTENSIONS:
+            found += _listed(name, missing)
+        elif os.path.isfile(name):
+            found.append(_direct(name))
+        else:
+            missing.append(name)
+    if missing:
+        raise CollectionError(f"no such file or folder: {', '.join(missing)}")
+    unique: Dict[str, AudioFile] = {}
+    by_stem: Dict[str, AudioFile] = {}
+    for audio in found:
+        real = os.path.realpath(audio.path)
+        if real in unique:
+            continue  # named twice (a file and its folder, say): transcribed once
+        unique[real] = audio
+        clash = by_stem.get(audio.stem)
+        if clash is not None:
+            raise CollectionError(
+                f"{clash.path} and {audio.path} would write the same outputs ({audio.stem}.*): name their folders "
+                "instead (sub-folders are mirrored in the output folder), or transcribe them into different "
+                "--output-dir folders")
+        by_stem[audio.stem] = audio
+    return list(unique.values())
+
+
+def _direct(path: str) -> AudioFile:
+    return AudioFile(path, os.path.splitext(os.path.basename(path))[0])
+
+
+def _walk(folder: str) -> List[AudioFile]:
+    files = []
+    for directory, subfolders, names in os.walk(folder):
+        subfolders.sort()
+        for name in sorted(names):
+            if os.path.splitext(name)[1].lower() in AUDIO_EXTENSIONS and not name.startswith("."):
+                path = os.path.join(directory, name)
+                relative = os.path.relpath(path, folder)
+                files.append(AudioFile(path, os.path.splitext(relative)[0].replace(os.sep, "/")))
+    return files
+
+
+def _listed(list_path: str, missing: List[str]) -> List[AudioFile]:
+    base = os.path.dirname(os.path.abspath(list_path))
+    files = []
+    with open(list_path, encoding="utf-8") as stream:
+        for line in stream:
+            name = line.split("#", 1)[0].strip()
+            if not name:
+                continue
+            path = name if os.path.isabs(name) else os.path.join(base, name)
+            if os.path.isdir(path):
+                files += _walk(path)
+            elif os.path.isfile(path):
+                files.append(_direct(path))
+            else:
+                missing.append(f"{name} (listed in {list_path})")
+    return files
+
+
+def check_output_folder(output_dir: str) -> None:
+    """Make ``output_dir`` if needed and check that files can be written there.
+
+    Raises:
+        CollectionError: it cannot be made or written.
+    """
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        probe = os.path.join(output_dir, f".ct2-flash-write-check-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise CollectionError(f"cannot write to the output folder {output_dir}: {error.strerror or error}") from None
+
+
+def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str]) -> bool:
+    """Whether any of ``files`` lacks one of its outputs (what a rerun would transcribe)."""
+    return any(not all(os.path.isfile(path) for path in output_paths(output_dir, audio.stem, formats))
+               for audio in files)
+
+
+def transcribe_files(inputs: Sequence[str], output_dir: str, formats: Sequence[str] = ("txt",), model=None,
+                     **transcribe_options) -> Iterator[FileResult]:
+    """Transcribe every audio file ``inputs`` name (``find_audio``) into ``output_dir``.
+
+    Args:
+        inputs: audio files, folders (searched recursively) and text files listing paths.
+        output_dir: where the outputs go (made if needed).
+        formats: output formats (``outputs.WRITERS``: txt, srt, vtt, json).
+        model: a ``FlashWhisperModel`` (or faster-whisper's ``WhisperModel``); default
+            ``FlashWhisperModel("tiny.en")``, built only if a file needs transcribing.
+        transcribe_options: ``transcribe()``'s options (``beam_size=1`` unless given).
+    Yields:
+        a ``FileResult`` per file, in order, as each is finished.
+    Raises:
+        CollectionError: before anything is transcribed (``find_audio``,
+            ``check_output_folder``).
+    """
+    files = find_audio(inputs)
+    check_output_folder(output_dir)
+    return transcribe_found(files, output_dir, formats, model, **transcribe_options)
+
+
+def transcribe_found(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str], model=None,
+                     **transcribe_options) -> Iterator[FileResult]:
+    """``transcribe_files`` on files already found (``find_audio``), into a checked folder."""
+    transcribe_options.setdefault("beam_size", 1)
+    for audio in files:
+        started = time.perf_counter()
+        outputs = output_paths(output_dir, audio.stem, formats)
+        if all(os.path.isfile(path) for path in outputs):
+            yield FileResult(audio.path, "skipped", outputs)
+            continue
+        if model is None:
+            from ct2_flash.whisper_model import FlashWhisperModel
+
+            model = FlashWhisperModel("tiny.en")
+        try:
+            segments, info = model.transcribe(audio.path, **transcribe_options)
+            segments = list(segments)
+        except (ValueError, OSError) as error:  # AudioError and PyAV's errors; one bad file stops nothing
+            yield FileResult(audio.path, "failed", error=_reason(error), seconds=time.perf_counter() - started)
+            continue
+        written = write_outputs(segments, info, audio.path, output_dir, formats, stem=audio.stem)
+        yield FileResult(audio.path, "done", written, audio_seconds=float(info.duration),
+                         seconds=time.perf_counter() - started)
+
+
+def _reason(error: BaseException) -> str:
+    """One line naming what went wrong (the error's type, unless its message names it)."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else ""
+    name = type(error).__name__
+    return text if name in text else f"{name}: {text}".rstrip(": ")

@@ -1,0 +1,154 @@
+"""Whole collections (``ct2_flash.collection``, ``ct2-flash transcribe`` over folders): what is
+found, what is skipped on a rerun, what a bad file does, and that nothing half-written is left."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ct2_flash.collection import CollectionError, FileResult, find_audio, transcribe_files
+from ct2_flash.outputs import FORMATS, WRITERS
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def _collection(root):
+    """Two clips at the top, one in a sub-folder, and three files that cannot be decoded."""
+    (root / "sub").mkdir(parents=True)
+    shutil.copy(os.path.join(DATA, "clip01_slt.ogg"), root / "first.ogg")
+    shutil.copy(os.path.join(DATA, "clip08_slt.ogg"), root / "second.ogg")
+    shutil.copy(os.path.join(DATA, "clip03_rms.ogg"), root / "sub" / "third.ogg")
+    (root / "empty.wav").write_bytes(b"")
+    (root / "notes.mp3").write_text("not audio at all\n")
+    corrupt = open(os.path.join(DATA, "clip02_awb.ogg"), "rb").read()
+    (root / "sub" / "corrupt.ogg").write_bytes(bytes(200) + corrupt[200:])  # its header gone
+    (root / "readme.md").write_text("not taken: not an audio extension\n")
+    return root
+
+
+def test_folders_mirror_their_sub_folders_and_lists_name_files(tmp_path):
+    root = _collection(tmp_path / "in")
+    found = {audio.stem: audio.path for audio in find_audio([str(root)])}
+    assert set(found) == {"empty", "first", "notes", "second", "sub/corrupt", "sub/third"}
+    listing = tmp_path / "list.txt"
+    listing.write_text("# what to do\nin/first.ogg\n\n" + str(root / "sub" / "third.ogg") + "  # absolute\n")
+    assert [(a.stem, os.path.basename(a.path)) for a in find_audio([str(listing)])] == [
+        ("first", "first.ogg"), ("third", "third.ogg")]
+    # A file named directly and again through its folder is one file.
+    assert len(find_audio([str(root / "first.ogg"), str(root)])) == 6
+
+
+def test_names_that_cannot_be_transcribed_as_asked_say_so_before_anything_runs(tmp_path):
+    root = _collection(tmp_path / "in")
+    with pytest.raises(CollectionError, match="no such file or folder: .*nowhere.ogg"):
+        find_audio([str(root), str(tmp_path / "nowhere.ogg")])
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(root / "first.ogg", other / "first.ogg")
+    with pytest.raises(CollectionError, match="would write the same outputs"):
+        find_audio([str(root / "first.ogg"), str(other / "first.ogg")])
+    listing = tmp_path / "list.txt"
+    listing.write_text("in/first.ogg\nin/gone.ogg\n")
+    with pytest.raises(CollectionError, match="gone.ogg .listed in"):
+        find_audio([str(listing)])
+
+
+def test_a_collection_is_transcribed_as_faster_whisper_transcribes_each_file(float32_pair, tmp_path):
+    root = _collection(tmp_path / "in")
+    out = tmp_path / "out"
+    results = {os.path.relpath(r.path, root): r for r in transcribe_files(
+        [str(root)], str(out), FORMATS, model=float32_pair.flash, beam_size=1)}
+    assert {name: r.status for name, r in results.items()} == {
+        "first.ogg": "done", "second.ogg": "done", os.path.join("sub", "third.ogg"): "done",
+        "empty.wav": "failed", "notes.mp3": "failed", os.path.join("sub", "corrupt.ogg"): "failed"}
+    assert all(r.error for r in results.values() if r.status == "failed")
+    for name, stem in (("first.ogg", "first"), ("second.ogg", "second"), (os.path.join("sub", "third.ogg"), "sub/third")):
+        segments, info = float32_pair.baseline.transcribe(str(root / name), beam_size=1)
+        segments = list(segments)
+        for form in FORMATS:
+            written = (out / f"{stem}.{form}").read_text(encoding="utf-8")
+            assert written == WRITERS[form](segments, info), (name, form)
+        assert results[name].audio_seconds == pytest.approx(info.duration)
+    assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.name.startswith(".")) == []
+
+
+def test_a_rerun_skips_finished_files_and_redoes_the_rest(float32_pair, tmp_path, monkeypatch):
+    """An interruption mid-run (here Ctrl-C in the second file's decode) leaves the first file's
+    outputs and no partial file; the rerun leaves those untouched and does the rest."""
+    root = _collection(tmp_path / "in")
+    for bad in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")):
+        os.remove(root / bad)
+    out = tmp_path / "out"
+    flash = float32_pair.flash
+    transcribe = type(flash).transcribe
+    calls = []
+
+    def interrupted(self, audio, *args, **kwargs):
+        calls.append(audio)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return transcribe(self, audio, *args, **kwargs)
+
+    monkeypatch.setattr(type(flash), "transcribe", interrupted)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        for result in transcribe_files([str(root)], str(out), ("txt", "json"), model=flash):
+            done.append(result)
+    assert [r.status for r in done] == ["done"]
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == ["first.json", "first.txt"]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr(type(flash), "transcribe", transcribe)
+    again = list(transcribe_files([str(root)], str(out), ("txt", "json"), model=flash))
+    assert [(os.path.basename(r.path), r.status) for r in again] == [
+        ("first.ogg", "skipped"), ("second.ogg", "done"), ("third.ogg", "done")]
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in before.items())
+    assert isinstance(again[0], FileResult) and again[0].outputs == [str(out / "first.txt"), str(out / "first.json")]
+
+
+def test_an_output_half_written_is_never_left_under_its_name(tmp_path, monkeypatch):
+    from ct2_flash import outputs
+
+    def failing(segments, info):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(outputs.WRITERS, "json", failing)
+    with pytest.raises(OSError):
+        outputs.write_outputs([], None, "x.ogg", str(tmp_path), ("txt", "json"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ct2_flash.cli", "transcribe", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_the_command_writes_a_failures_file_and_says_so_in_its_exit_code(tmp_path):
+    root = _collection(tmp_path / "in")
+    os.remove(root / "second.ogg")
+    os.remove(root / "sub" / "third.ogg")
+    out = tmp_path / "out"
+    run = _cli(str(root), "--output-dir", str(out), "--temperature", "0")
+    assert run.returncode == 1, run.stderr
+    assert (out / "first.txt").is_file()
+    failures = (out / "failures.tsv").read_text(encoding="utf-8").splitlines()
+    assert sorted(line.split("\t")[0] for line in failures) == sorted(
+        str(root / name) for name in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")))
+    assert "1 transcribed" in run.stderr and "3 failed" in run.stderr and "failures.tsv" in run.stderr
+    for bad in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")):
+        os.remove(root / bad)
+    rerun = _cli(str(root), "--output-dir", str(out))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "1 skipped" in rerun.stderr and not (out / "failures.tsv").exists()
+
+
+def test_the_command_refuses_what_it_cannot_do_before_starting(tmp_path):
+    root = _collection(tmp_path / "in")
+    missing = _cli(str(root / "nowhere.ogg"), "--output-dir", str(tmp_path / "out"))
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    unwritable = _cli(str(root / "first.ogg"), "--output-dir", str(blocked / "out"))
+    assert unwritable.returncode == 2 and "cannot write to the output folder" in unwritable.stderr
+    assert not (tmp_path / "out").exists()
