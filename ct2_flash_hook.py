@@ -32,8 +32,9 @@ from typing import Optional
 VARIABLE = "CT2_FLASH"
 PTH_FILE = "ct2_flash_hook.pth"
 # One line: a .pth runs lines that start with "import"; the rest of the line is Python.
-PTH_LINE = (f"import os; os.environ.get({VARIABLE!r}, '0') not in ('', '0') and "
-            f"__import__('ct2_flash_hook').activate()\n")
+PTH_LINE = (
+    f"import os; os.environ.get({VARIABLE!r}, '0') not in ('', '0') and __import__('ct2_flash_hook').activate()\n"
+)
 WATCHED = ("faster_whisper", "ct2_flash")
 
 
@@ -53,8 +54,11 @@ def _install() -> None:
 
     tokens = os.environ.get("CT2_FLASH_NUM_DRAFT_TOKENS")
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    dropin.install(drafter=os.environ.get("CT2_FLASH_DRAFTER") or None,
-                   num_draft_tokens=int(tokens) if tokens else 8, program=program)
+    dropin.install(
+        drafter=os.environ.get("CT2_FLASH_DRAFTER") or None,
+        num_draft_tokens=int(tokens) if tokens else 8,
+        program=program,
+    )
     stats = os.environ.get("CT2_FLASH_STATS")
     if stats:
         run_program.write_stats_at_exit(stats, program or "python")

@@ -65,8 +65,20 @@ def held_out_manifest(domain: str, drafter: str, path: str) -> str:
 def bench(inputs: List[str], drafter: str, compute_type: str, repeats: int, every_round: bool, out: str) -> dict:
     """One ``ct2-flash bench`` run (or the one already in ``out``: delete it to measure again);
     returns its summary."""
-    command = [sys.executable, "-m", "ct2_flash.cli", "bench", *inputs, "--compute-types", compute_type,
-               "--repeats", str(repeats), "--stock", "--out", out]
+    command = [
+        sys.executable,
+        "-m",
+        "ct2_flash.cli",
+        "bench",
+        *inputs,
+        "--compute-types",
+        compute_type,
+        "--repeats",
+        str(repeats),
+        "--stock",
+        "--out",
+        out,
+    ]
     if drafter != "shipped":
         command += ["--drafter", drafter]
     if every_round:
@@ -78,12 +90,15 @@ def bench(inputs: List[str], drafter: str, compute_type: str, repeats: int, ever
         (setting,) = json.load(stream)["settings"]
     summary = setting["summary"]
     return {
-        "whole_vs_same_engine": summary["speedup"]["whole"], "decode_vs_same_engine": summary["speedup"]["decode"],
+        "whole_vs_same_engine": summary["speedup"]["whole"],
+        "decode_vs_same_engine": summary["speedup"]["decode"],
         "whole_vs_stock": (summary["speedup_vs_stock"] or {}).get("whole"),
         "decode_vs_stock": (summary["speedup_vs_stock"] or {}).get("decode"),
-        "tokens_per_target_call": summary["tokens_per_target_call"], "identical": summary["token_identity"],
+        "tokens_per_target_call": summary["tokens_per_target_call"],
+        "identical": summary["token_identity"],
         "identical_to_stock": summary.get("stock_token_identity"),
-        "loop_rows": summary["speculative_rows"], "generate_rows": summary["generate_rows"],
+        "loop_rows": summary["speculative_rows"],
+        "generate_rows": summary["generate_rows"],
     }
 
 
@@ -94,8 +109,9 @@ def main() -> None:
     parser.add_argument("--compute-type", default="float32")
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--sets", nargs="+", default=["held_out", "other", "test_clips"],
-                        choices=["held_out", "other", "test_clips"])
+    parser.add_argument(
+        "--sets", nargs="+", default=["held_out", "other", "test_clips"], choices=["held_out", "other", "test_clips"]
+    )
     parser.add_argument("--modes", nargs="+", default=["defaults", "every_round"], choices=["defaults", "every_round"])
     parser.add_argument("--work", default=os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "adapt"))
     parser.add_argument("--out", default="bench/results/adapt")
@@ -110,7 +126,10 @@ def main() -> None:
     for report in ("adapt_report.json", "adapt_report.png"):
         shutil.copy(os.path.join(drafter, report), os.path.join(results_dir, report))
     sets: Dict[str, List[str]] = {
-        "held_out": ["--manifest", held_out_manifest(args.domain, drafter, os.path.join(args.work, f"{name}_held_out.tsv"))],
+        "held_out": [
+            "--manifest",
+            held_out_manifest(args.domain, drafter, os.path.join(args.work, f"{name}_held_out.tsv")),
+        ],
         "other": ["--manifest", fetch(OTHER[args.domain])],
         "test_clips": ["--audio-dir", TEST_CLIPS],
     }
@@ -126,9 +145,15 @@ def main() -> None:
             for which, path in (("shipped", "shipped"), ("adapted", drafter)):
                 runs = os.path.join(args.work, "bench", name, set_name, mode, which)
                 results.setdefault(set_name, {}).setdefault(mode, {})[which] = bench(
-                    inputs, path, args.compute_type, args.repeats, mode == "every_round", runs)
-    document = {"domain": args.domain, "holdout": args.holdout, "compute_type": args.compute_type,
-                "command": " ".join(sys.argv), "results": results}
+                    inputs, path, args.compute_type, args.repeats, mode == "every_round", runs
+                )
+    document = {
+        "domain": args.domain,
+        "holdout": args.holdout,
+        "compute_type": args.compute_type,
+        "command": " ".join(sys.argv),
+        "results": results,
+    }
     write_result(os.path.join(results_dir, "domains.json"), document)
     plot(document, os.path.join(results_dir, "domains.png"))
 
@@ -143,18 +168,35 @@ def plot(document: dict, path: str) -> None:
     names = list(document["results"])
     width = 0.35
     for offset, which in ((-width / 2, "shipped"), (width / 2, "adapted")):
-        left.bar([i + offset for i in range(len(names))],
-                 [document["results"][n].get("every_round", {}).get(which, {}).get("tokens_per_target_call") or 0
-                  for n in names],
-                 width, label=which)
-        right.bar([i + offset for i in range(len(names))],
-                  [document["results"][n].get("defaults", {}).get(which, {}).get("whole_vs_same_engine", {}).get("speedup", 0)
-                   for n in names],
-                  width, label=which)
+        left.bar(
+            [i + offset for i in range(len(names))],
+            [
+                document["results"][n].get("every_round", {}).get(which, {}).get("tokens_per_target_call") or 0
+                for n in names
+            ],
+            width,
+            label=which,
+        )
+        right.bar(
+            [i + offset for i in range(len(names))],
+            [
+                document["results"][n]
+                .get("defaults", {})
+                .get(which, {})
+                .get("whole_vs_same_engine", {})
+                .get("speedup", 0)
+                for n in names
+            ],
+            width,
+            label=which,
+        )
     left.set(xticks=range(len(names)), xticklabels=names, title="tokens per target call, every round drafting")
     right.axhline(1.0, color="grey", linewidth=0.8)
-    right.set(xticks=range(len(names)), xticklabels=names,
-              title=f"whole path vs faster-whisper, same engine ({document['compute_type']}, defaults)")
+    right.set(
+        xticks=range(len(names)),
+        xticklabels=names,
+        title=f"whole path vs faster-whisper, same engine ({document['compute_type']}, defaults)",
+    )
     left.legend()
     save_figure(figure, path)
 

@@ -63,9 +63,16 @@ def driven_asr(model, language: str, temperature=0.0):
 
         def transcribe(self, audio, init_prompt=""):
             chosen = {} if temperature is None else {"temperature": temperature}
-            segments, _ = self.model.transcribe(audio, language=self.original_language, initial_prompt=init_prompt,
-                                                beam_size=1, word_timestamps=True, condition_on_previous_text=True,
-                                                **chosen, **self.transcribe_kargs)
+            segments, _ = self.model.transcribe(
+                audio,
+                language=self.original_language,
+                initial_prompt=init_prompt,
+                beam_size=1,
+                word_timestamps=True,
+                condition_on_previous_text=True,
+                **chosen,
+                **self.transcribe_kargs,
+            )
             return list(segments)
 
     asr = Driven(language)
@@ -120,10 +127,15 @@ def child(args) -> None:
     result = {"system": args.system, "ctranslate2": ctranslate2.__version__, "runs": runs, "allocator": allocator}
     if args.system == "flash":
         stats = model.spec_stats
-        result["loop"] = {"redecodes": stats.redecodes, "tokens_per_target_call": stats.tokens_per_call,
-                          "continued_rows": stats.continued_rows,
-                          "rows_in_loop": stats.generate_calls, "rows_in_generate": stats.generate_rows,
-                          "offered": stats.offered, "offered_accepted": stats.offered_accepted}
+        result["loop"] = {
+            "redecodes": stats.redecodes,
+            "tokens_per_target_call": stats.tokens_per_call,
+            "continued_rows": stats.continued_rows,
+            "rows_in_loop": stats.generate_calls,
+            "rows_in_generate": stats.generate_rows,
+            "offered": stats.offered,
+            "offered_accepted": stats.offered_accepted,
+        }
         model.model.engines.close()
     print(json.dumps(result))
 
@@ -136,8 +148,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chunk", type=float, default=1.0)
     parser.add_argument("--language", default="en")
-    parser.add_argument("--temperature", default="0",
-                        help="a number, or 'client' for faster-whisper's fallback list (sampled retries: random)")
+    parser.add_argument(
+        "--temperature",
+        default="0",
+        help="a number, or 'client' for faster-whisper's fallback list (sampled retries: random)",
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="turns of the four systems (each runs --repeats)")
     parser.add_argument("--out", default="")
@@ -165,40 +180,73 @@ def main() -> None:
     audio_seconds = decode_audio(args.audio).size / RATE
     results: dict = {}
     for round_index in range(args.rounds):
-        for system in SYSTEMS[round_index % len(SYSTEMS):] + SYSTEMS[: round_index % len(SYSTEMS)]:
-            environment = (stock_environment(tuned=system == "tuned_stock") if system in ("stock", "tuned_stock")
-                           else environment_with(""))
-            command = [sys.executable, os.path.abspath(__file__), args.audio, "--system", system, "--model-path", path,
-                       "--compute-type", args.compute_type, "--threads", str(args.threads), "--chunk", str(args.chunk),
-                       "--language", args.language, "--repeats", str(args.repeats), "--temperature", args.temperature]
+        for system in SYSTEMS[round_index % len(SYSTEMS) :] + SYSTEMS[: round_index % len(SYSTEMS)]:
+            environment = (
+                stock_environment(tuned=system == "tuned_stock")
+                if system in ("stock", "tuned_stock")
+                else environment_with("")
+            )
+            command = [
+                sys.executable,
+                os.path.abspath(__file__),
+                args.audio,
+                "--system",
+                system,
+                "--model-path",
+                path,
+                "--compute-type",
+                args.compute_type,
+                "--threads",
+                str(args.threads),
+                "--chunk",
+                str(args.chunk),
+                "--language",
+                args.language,
+                "--repeats",
+                str(args.repeats),
+                "--temperature",
+                args.temperature,
+            ]
             done = subprocess.run(command, capture_output=True, text=True, env=environment)
             if done.returncode != 0:
                 sys.exit(f"{system} failed:\n{done.stderr[-3000:]}")
             answer = json.loads(done.stdout.strip().splitlines()[-1])
-            entry = results.setdefault(system, {"ctranslate2": answer["ctranslate2"], "allocator": answer["allocator"],
-                                                "runs": [], "loop": []})
+            entry = results.setdefault(
+                system, {"ctranslate2": answer["ctranslate2"], "allocator": answer["allocator"], "runs": [], "loop": []}
+            )
             entry["runs"] += answer["runs"]
             if "loop" in answer:
                 entry["loop"].append(answer["loop"])
     summary = {}
     for system, entry in results.items():
         per_iteration = [s for run in entry["runs"] for s in run["seconds"]]
-        summary[system] = {"mean_iteration_seconds": statistics.mean(per_iteration),
-                           "p95_iteration_seconds": float(np.percentile(per_iteration, 95)),
-                           "total_seconds_per_run": statistics.median(sum(run["seconds"]) for run in entry["runs"])}
+        summary[system] = {
+            "mean_iteration_seconds": statistics.mean(per_iteration),
+            "p95_iteration_seconds": float(np.percentile(per_iteration, 95)),
+            "total_seconds_per_run": statistics.median(sum(run["seconds"]) for run in entry["runs"]),
+        }
     committed = {system: [run["committed"] for run in entry["runs"]] for system, entry in results.items()}
     document = {
         "what": f"{CLIENT} LocalAgreement processor (beam_size=1) replaying a file, per system",
-        "client": CLIENT, "client_version": version("whisperlivekit"), "audio": args.audio,
-        "audio_seconds": audio_seconds, "model": args.model, "compute_type": args.compute_type, "chunk_seconds": args.chunk,
+        "client": CLIENT,
+        "client_version": version("whisperlivekit"),
+        "audio": args.audio,
+        "audio_seconds": audio_seconds,
+        "model": args.model,
+        "compute_type": args.compute_type,
+        "chunk_seconds": args.chunk,
         "temperature": args.temperature,
-        "machine": machine(), "summary": summary,
+        "machine": machine(),
+        "summary": summary,
         "speedup_vs_same": summary["same"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
         "speedup_vs_stock": summary["stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
-        "speedup_vs_tuned_stock": summary["tuned_stock"]["total_seconds_per_run"] / summary["flash"]["total_seconds_per_run"],
+        "speedup_vs_tuned_stock": summary["tuned_stock"]["total_seconds_per_run"]
+        / summary["flash"]["total_seconds_per_run"],
         "tuned_allocator": tuned_allocator().describe(),
-        "committed_identical": {f"flash_vs_{other}": all(run == committed["flash"][0] for run in committed[other] + committed["flash"])
-                                for other in ("same", "stock", "tuned_stock")},
+        "committed_identical": {
+            f"flash_vs_{other}": all(run == committed["flash"][0] for run in committed[other] + committed["flash"])
+            for other in ("same", "stock", "tuned_stock")
+        },
         "committed_text": "".join(word for _, _, word in committed["flash"][0]).strip(),
         "systems": results,
     }
@@ -206,8 +254,21 @@ def main() -> None:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as out:
             json.dump(document, out, indent=2)
-    print(json.dumps({key: document[key] for key in ("summary", "speedup_vs_same", "speedup_vs_stock",
-                                                     "speedup_vs_tuned_stock", "committed_identical")}, indent=2))
+    print(
+        json.dumps(
+            {
+                key: document[key]
+                for key in (
+                    "summary",
+                    "speedup_vs_same",
+                    "speedup_vs_stock",
+                    "speedup_vs_tuned_stock",
+                    "committed_identical",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

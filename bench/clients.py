@@ -43,8 +43,16 @@ from typing import Callable, Dict, List
 from ct2_flash.benchmark.scripts import machine, save_figure, timed, write_result
 
 from ct2_flash.audio import SAMPLE_AUDIO
-from ct2_flash.benchmark.clients import (BIN, SYSTEMS, command, free_port, post_transcription, server, server_config,
-                                         wyoming_transcript)
+from ct2_flash.benchmark.clients import (
+    BIN,
+    SYSTEMS,
+    command,
+    free_port,
+    post_transcription,
+    server,
+    server_config,
+    wyoming_transcript,
+)
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.engine.models import resolve_model
@@ -53,29 +61,67 @@ from ct2_flash.stock.allocator import loaded_allocator, tuned_allocator
 CLIENTS = ("whisper-ctranslate2", "wyoming-faster-whisper", "faster-whisper-server")
 
 
-def run_cli(system: str, files: List[str], model: str, compute_type: str, threads: int, work: str,
-            fallback: bool) -> dict:
+def run_cli(
+    system: str, files: List[str], model: str, compute_type: str, threads: int, work: str, fallback: bool
+) -> dict:
     out = os.path.join(work, "out")
-    program = [os.path.join(BIN, "whisper-ctranslate2"), *files, "--model_directory", model, "--compute_type",
-               compute_type, "--beam_size", "1", "--threads", str(threads), "--language", "en", "--output_dir", out,
-               "--output_format", "txt", "--verbose", "False",
-               *([] if fallback else ["--temperature_increment_on_fallback", "None"])]
+    program = [
+        os.path.join(BIN, "whisper-ctranslate2"),
+        *files,
+        "--model_directory",
+        model,
+        "--compute_type",
+        compute_type,
+        "--beam_size",
+        "1",
+        "--threads",
+        str(threads),
+        "--language",
+        "en",
+        "--output_dir",
+        out,
+        "--output_format",
+        "txt",
+        "--verbose",
+        "False",
+        *([] if fallback else ["--temperature_increment_on_fallback", "None"]),
+    ]
     stats = os.path.join(work, "stats.json")
     argv, environment = command(system, program, stats)
-    seconds, _ = timed(lambda: subprocess.run(argv, env=environment, check=True, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.DEVNULL))
-    texts = [open(os.path.join(out, os.path.splitext(os.path.basename(f))[0] + ".txt"), encoding="utf-8").read()
-             for f in files]
+    seconds, _ = timed(
+        lambda: subprocess.run(argv, env=environment, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    )
+    texts = [
+        open(os.path.join(out, os.path.splitext(os.path.basename(f))[0] + ".txt"), encoding="utf-8").read()
+        for f in files
+    ]
     return {"seconds": seconds, "outputs": texts, "stats": _stats(stats)}
 
 
-def run_server(client: str, system: str, files: List[str], model: str, compute_type: str, threads: int,
-               work: str, fallback: bool) -> dict:
+def run_server(
+    client: str, system: str, files: List[str], model: str, compute_type: str, threads: int, work: str, fallback: bool
+) -> dict:
     port = free_port()
     if client == "wyoming-faster-whisper":
-        program = [os.path.join(BIN, client), "--uri", f"tcp://127.0.0.1:{port}", "--model", model, "--data-dir",
-                   os.path.join(work, "data"), "--stt-library", "faster-whisper", "--compute-type", compute_type,
-                   "--beam-size", "1", "--cpu-threads", str(threads), "--language", "en"]
+        program = [
+            os.path.join(BIN, client),
+            "--uri",
+            f"tcp://127.0.0.1:{port}",
+            "--model",
+            model,
+            "--data-dir",
+            os.path.join(work, "data"),
+            "--stt-library",
+            "faster-whisper",
+            "--compute-type",
+            compute_type,
+            "--beam-size",
+            "1",
+            "--cpu-threads",
+            str(threads),
+            "--language",
+            "en",
+        ]
         ask: Callable[[str], object] = functools.partial(wyoming_transcript, port)
     else:
         config = server_config(os.path.join(work, "config.yaml"), model, compute_type, threads)
@@ -109,8 +155,9 @@ def _stats(path: str) -> dict:
     with open(path, encoding="utf-8") as stream:
         report = json.load(stream)
     os.remove(path)
-    return {key: report[key] for key in ("speculative_rows", "generate_rows", "unchanged_calls",
-                                         "tokens_per_target_call")}
+    return {
+        key: report[key] for key in ("speculative_rows", "generate_rows", "unchanged_calls", "tokens_per_target_call")
+    }
 
 
 def main() -> None:
@@ -122,9 +169,13 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=CLIENTS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--temperature", default="0", choices=["0", "client"],
-                        help="0: greedy without the fallback where the client allows it (wyoming does not); "
-                             "client: each client's own fallback list")
+    parser.add_argument(
+        "--temperature",
+        default="0",
+        choices=["0", "client"],
+        help="0: greedy without the fallback where the client allows it (wyoming does not); "
+        "client: each client's own fallback list",
+    )
     parser.add_argument("--out", default="bench/results/clients/clients.json")
     args = parser.parse_args()
     files = [u.path for u in read_manifest(fetch(args.speech_set))][: args.max_files]
@@ -135,7 +186,7 @@ def main() -> None:
         for client in args.clients:
             runs: Dict[str, List[dict]] = {system: [] for system in SYSTEMS}
             for repeat in range(args.repeats):
-                for system in SYSTEMS[repeat % len(SYSTEMS):] + SYSTEMS[: repeat % len(SYSTEMS)]:
+                for system in SYSTEMS[repeat % len(SYSTEMS) :] + SYSTEMS[: repeat % len(SYSTEMS)]:
                     with tempfile.TemporaryDirectory(prefix="ct2_flash_client_") as work:
                         if client == "whisper-ctranslate2":
                             run = run_cli(system, files, model, compute_type, args.threads, work, fallback)
@@ -160,14 +211,22 @@ def main() -> None:
                 "files_decoded_alike_by_plain_runs": len(stable),
                 "same_output_as_stock_on_those": {
                     system: sum(all(run["outputs"][i] == plain[i] for run in runs[system]) for i in stable)
-                    for system in SYSTEMS},
+                    for system in SYSTEMS
+                },
                 "flash_stats": runs["flash"][-1]["stats"],
             }
-    document = {"machine": machine(), "command": " ".join(sys.argv), "speech_set": args.speech_set,
-                "tuned_allocator": tuned_allocator().describe(),
-                "files": len(files), "model": args.model, "threads": args.threads, "repeats": args.repeats,
-                "temperature": args.temperature,
-                "results": results}
+    document = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "speech_set": args.speech_set,
+        "tuned_allocator": tuned_allocator().describe(),
+        "files": len(files),
+        "model": args.model,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "temperature": args.temperature,
+        "results": results,
+    }
     write_result(args.out, document)
     plot(document, os.path.splitext(args.out)[0] + ".png")
 
@@ -182,17 +241,26 @@ def plot(document: dict, path: str) -> None:
     figure, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
     for axis, (compute_type, clients) in zip(axes[0], results.items()):
         names = list(clients)
-        bars = (("speedup_vs_stock", "vs stock"), ("speedup_vs_tuned_stock", "vs tuned stock"),
-                ("speedup_vs_same_engine", "vs same engine"))
+        bars = (
+            ("speedup_vs_stock", "vs stock"),
+            ("speedup_vs_tuned_stock", "vs tuned stock"),
+            ("speedup_vs_same_engine", "vs same engine"),
+        )
         for offset, (key, label) in enumerate(bars):
-            axis.bar([i + 0.27 * offset for i in range(len(names))], [clients[n].get(key, 0.0) for n in names],
-                     width=0.27, label=label)
+            axis.bar(
+                [i + 0.27 * offset for i in range(len(names))],
+                [clients[n].get(key, 0.0) for n in names],
+                width=0.27,
+                label=label,
+            )
         axis.axhline(1.0, color="black", linewidth=0.8)
         axis.set_xticks([i + 0.27 for i in range(len(names))], names, rotation=12, fontsize=8)
         axis.set_title(f"{compute_type}: client wall time, plain / ct2-flash run")
         axis.legend(fontsize=8)
-    figure.suptitle(f"{document['files']} {document['speech_set']} files, {document['model']}, "
-                    f"{document['machine']['cpu']}", fontsize=9)
+    figure.suptitle(
+        f"{document['files']} {document['speech_set']} files, {document['model']}, {document['machine']['cpu']}",
+        fontsize=9,
+    )
     save_figure(figure, path)
 
 

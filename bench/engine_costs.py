@@ -119,9 +119,21 @@ def run_child(engine: str, args: argparse.Namespace, compute_type: str, threads:
             raise SystemExit(f"stock ctranslate2 is not installed in {stock_dir()} (python -m ct2_flash.stock)")
         environment = environment_with(stock_dir())
         allocator = tuned_allocator() if engine == "tuned_stock" else GLIBC_DEFAULT
-    command = [sys.executable, os.path.abspath(__file__), "--child", json.dumps({
-        "model_path": resolve_model(args.model), "audio": args.audio, "compute_type": compute_type,
-        "threads": threads, "repeats": args.repeats, "driven": engine == "patched"})]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        json.dumps(
+            {
+                "model_path": resolve_model(args.model),
+                "audio": args.audio,
+                "compute_type": compute_type,
+                "threads": threads,
+                "repeats": args.repeats,
+                "driven": engine == "patched",
+            }
+        ),
+    ]
     done = subprocess.run(command, env=allocator.environment(environment), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{engine} {compute_type} {threads}: {done.stderr.strip()}")
@@ -131,8 +143,11 @@ def run_child(engine: str, args: argparse.Namespace, compute_type: str, threads:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny.en")
-    parser.add_argument("--audio", default=os.path.join(TEST_CLIPS, "long_multi_voice.ogg"),
-                        help="a recording of at least 30 s of speech (its first window is used)")
+    parser.add_argument(
+        "--audio",
+        default=os.path.join(TEST_CLIPS, "long_multi_voice.ogg"),
+        help="a recording of at least 30 s of speech (its first window is used)",
+    )
     parser.add_argument("--compute-types", nargs="+", default=["float32", "int8"])
     parser.add_argument("--threads", nargs="+", type=int, default=[2, 1])
     parser.add_argument("--repeats", type=int, default=7)
@@ -143,22 +158,35 @@ def main() -> None:
         print(json.dumps(measure_child(**json.loads(args.child))))
         return
     from ct2_flash.benchmark.scripts import write_result
+
     settings = []
     for compute_type in args.compute_types:
         for threads in args.threads:
-            engines = {engine: run_child(engine, args, compute_type, threads)
-                       for engine in ("patched", "stock", "tuned_stock")}
+            engines = {
+                engine: run_child(engine, args, compute_type, threads) for engine in ("patched", "stock", "tuned_stock")
+            }
             settings.append({"compute_type": compute_type, "threads": threads, **engines})
             patched = engines["patched"]
-            print(f"{compute_type}, {threads} thread(s): generate() per token patched {patched['generate_token_ms']:.2f} ms, "
-                  f"stock {engines['stock']['generate_token_ms']:.2f}, tuned stock {engines['tuned_stock']['generate_token_ms']:.2f}; "
-                  f"Python-driven calls " + ", ".join(f"T={rows} {patched['call_ms'][str(rows)]:.2f} ms "
-                                                      f"({patched['break_even_tokens'][str(rows)]:.1f} tokens)" for rows in ROWS))
-    write_result(args.out, {
-        "what": "one target call driven from Python (forward_step, forward_batch of T rows) against a token of "
-                "generate(), per engine; break_even_tokens = call / generate() token",
-        "command": "python bench/engine_costs.py " + " ".join(sys.argv[1:]),
-        "audio": os.path.relpath(args.audio), "settings": settings})
+            print(
+                f"{compute_type}, {threads} thread(s): generate() per token patched {patched['generate_token_ms']:.2f} ms, "
+                f"stock {engines['stock']['generate_token_ms']:.2f}, tuned stock {engines['tuned_stock']['generate_token_ms']:.2f}; "
+                f"Python-driven calls "
+                + ", ".join(
+                    f"T={rows} {patched['call_ms'][str(rows)]:.2f} ms "
+                    f"({patched['break_even_tokens'][str(rows)]:.1f} tokens)"
+                    for rows in ROWS
+                )
+            )
+    write_result(
+        args.out,
+        {
+            "what": "one target call driven from Python (forward_step, forward_batch of T rows) against a token of "
+            "generate(), per engine; break_even_tokens = call / generate() token",
+            "command": "python bench/engine_costs.py " + " ".join(sys.argv[1:]),
+            "audio": os.path.relpath(args.audio),
+            "settings": settings,
+        },
+    )
 
 
 if __name__ == "__main__":

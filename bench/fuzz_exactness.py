@@ -34,9 +34,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log", help="per-case JSON lines (default: beside --out, <name>.cases.jsonl)")
     parser.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
-    parser.add_argument("--from-end", action="store_true",
-                        help="take the shard's cases last first: a second process on a shard that is behind "
-                             "meets the first halfway and stops there")
+    parser.add_argument(
+        "--from-end",
+        action="store_true",
+        help="take the shard's cases last first: a second process on a shard that is behind "
+        "meets the first halfway and stops there",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     shard, shards = (int(part) for part in args.shard.split("/"))
@@ -58,11 +61,15 @@ def main() -> None:
     audio = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(data, "*.ogg")))}
     path = resolve_model(args.model)
     baseline = WhisperModel(path, compute_type="float32", cpu_threads=args.threads)
-    flash = FlashWhisperModel(args.model, stock_engine=False, compute_type="float32", cpu_threads=args.threads, redecodes=False)
+    flash = FlashWhisperModel(
+        args.model, stock_engine=False, compute_type="float32", cpu_threads=args.threads, redecodes=False
+    )
     multilingual = flash.model.is_multilingual
-    drafters = {"shipped": flash.decoder.drafter,
-                "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
-                "random": RandomDrafter(flash.decoder.runtime.special.vocab_size, seed=2)}
+    drafters = {
+        "shipped": flash.decoder.drafter,
+        "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
+        "random": RandomDrafter(flash.decoder.runtime.special.vocab_size, seed=2),
+    }
 
     def finished() -> dict:
         """index -> record of the cases of this seed and model already in the log."""
@@ -80,7 +87,9 @@ def main() -> None:
 
     done = finished()
     rng = np.random.default_rng(args.seed)
-    cases = [random_case(rng, sorted(audio), multilingual) for _ in range(args.cases)]  # drawn in full: resumes repeat them
+    cases = [
+        random_case(rng, sorted(audio), multilingual) for _ in range(args.cases)
+    ]  # drawn in full: resumes repeat them
     mine = [index for index in range(shard, len(cases), shards) if index not in done]
     if args.from_end:
         mine.reverse()
@@ -102,7 +111,9 @@ def main() -> None:
     options = Counter(name for record in records for name in record["options"])
     summary = {
         "what": "fuzzed exactness at float32: random transcribe() options and drafters vs faster-whisper",
-        "model": args.model, "seed": args.seed, "cases": len(records),
+        "model": args.model,
+        "seed": args.seed,
+        "cases": len(records),
         "identical": sum(r["identical"] for r in records),
         "speculative_cases": sum(r["speculative_rows"] > 0 for r in records),
         "fallback_cases": sum(r["fallback_calls"] > 0 for r in records),
@@ -111,8 +122,10 @@ def main() -> None:
         "differing": [r for r in records if not r["identical"]],
     }
     write_result(args.out, summary)
-    print(f"{summary['identical']}/{summary['cases']} identical; {summary['speculative_cases']} speculative, "
-          f"{summary['fallback_cases']} left to CTranslate2")
+    print(
+        f"{summary['identical']}/{summary['cases']} identical; {summary['speculative_cases']} speculative, "
+        f"{summary['fallback_cases']} left to CTranslate2"
+    )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,10 @@ def write_clips(path: str, speech_set: str, limit: int) -> None:
     from ct2_flash.benchmark.speech_sets import fetch
 
     audio = load_audio(read_manifest(fetch(speech_set))[:limit])
-    arrays = {os.path.basename(path): np.round(np.clip(samples, -1, 1) * 32767).astype(np.int16)
-              for path, samples in audio.items()}
+    arrays = {
+        os.path.basename(path): np.round(np.clip(samples, -1, 1) * 32767).astype(np.int16)
+        for path, samples in audio.items()
+    }
     np.savez_compressed(path, **arrays)
     seconds = sum(len(a) for a in arrays.values()) / SAMPLE_RATE
     print(f"{len(arrays)} clips, {seconds:.0f} s of {speech_set} -> {path}")
@@ -106,8 +108,15 @@ def compare(models: Dict[str, object], clips: Dict[str, np.ndarray], repeats: in
             add(totals[name], best)
             if best.tokens != runs[first][0].tokens:
                 different[name].append(clip)
-    return {name: {"identical": len(clips) - len(different[name]), "clips": len(clips), "different": different[name],
-                   **rounded(totals[name])} for name in models}
+    return {
+        name: {
+            "identical": len(clips) - len(different[name]),
+            "clips": len(clips),
+            "different": different[name],
+            **rounded(totals[name]),
+        }
+        for name in models
+    }
 
 
 def zero_totals() -> dict:
@@ -129,11 +138,17 @@ def rounded(total: dict) -> dict:
 
 def loop_counters(model) -> dict:
     stats = model.spec_stats
-    return {"target_calls": stats.target_calls, "emitted": stats.emitted, "proposed": stats.proposed,
-            "accepted": stats.accepted, "rows_rechecked": stats.rows_rechecked,
-            "fallback_calls": stats.fallback_calls, "generate_rows": stats.generate_rows,
-            "tokens_per_target_call": round(stats.emitted / max(stats.target_calls, 1), 3),
-            **{f"{part}_s": round(getattr(stats, f"{part}_seconds"), 4) for part in ("drafter", "verify", "other")}}
+    return {
+        "target_calls": stats.target_calls,
+        "emitted": stats.emitted,
+        "proposed": stats.proposed,
+        "accepted": stats.accepted,
+        "rows_rechecked": stats.rows_rechecked,
+        "fallback_calls": stats.fallback_calls,
+        "generate_rows": stats.generate_rows,
+        "tokens_per_target_call": round(stats.emitted / max(stats.target_calls, 1), 3),
+        **{f"{part}_s": round(getattr(stats, f"{part}_seconds"), 4) for part in ("drafter", "verify", "other")},
+    }
 
 
 def pass_costs(model, audio: np.ndarray, repeats: int) -> dict:
@@ -150,6 +165,7 @@ def pass_costs(model, audio: np.ndarray, repeats: int) -> dict:
         def once() -> None:
             sequence.verify(tokens[:count])
             sequence.rollback(length)
+
         return once
 
     return {"step_ms": round(median_ms(verify(1), repeats), 3), "verify_9_ms": round(median_ms(verify(9), repeats), 3)}
@@ -160,11 +176,15 @@ def batched(models: Dict[str, object], audio: np.ndarray) -> dict:
     pipelines = {"faster-whisper": FasterBatched, "loop": BatchedInferencePipeline}
     outputs = {}
     for name, pipeline in pipelines.items():
-        segments, _ = pipeline(model=models[name]).transcribe(audio, beam_size=1, batch_size=4, temperature=0.0,
-                                                              without_timestamps=False)
+        segments, _ = pipeline(model=models[name]).transcribe(
+            audio, beam_size=1, batch_size=4, temperature=0.0, without_timestamps=False
+        )
         outputs[name] = [list(segment.tokens) for segment in segments]
-    return {"identical": outputs["loop"] == outputs["faster-whisper"], "segments": len(outputs["faster-whisper"]),
-            "loop_counters": loop_counters(models["loop"])}
+    return {
+        "identical": outputs["loop"] == outputs["faster-whisper"],
+        "segments": len(outputs["faster-whisper"]),
+        "loop_counters": loop_counters(models["loop"]),
+    }
 
 
 def check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
@@ -195,8 +215,19 @@ def segments_of(model, audio: np.ndarray, **options) -> list:
     same on both systems when both make the same calls."""
     ctranslate2.set_random_seed(1)
     segments, _ = model.transcribe(audio, **options)
-    return [(tuple(s.tokens), s.start, s.end, s.avg_logprob, s.no_speech_prob, s.compression_ratio, s.temperature,
-             [(w.word, w.start, w.end, w.probability) for w in s.words or ()]) for s in segments]
+    return [
+        (
+            tuple(s.tokens),
+            s.start,
+            s.end,
+            s.avg_logprob,
+            s.no_speech_prob,
+            s.compression_ratio,
+            s.temperature,
+            [(w.word, w.start, w.end, w.probability) for w in s.words or ()],
+        )
+        for s in segments
+    ]
 
 
 # faster-whisper's options a client passes most, each checked on every clip; {} is its defaults
@@ -217,17 +248,27 @@ def dropin_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dict:
     common = dict(device="auto", compute_type=compute_type, cpu_threads=args.cpu_threads)
     reference = WhisperModel(model_path, **common)
     flash = FlashWhisperModel(model_path, **common, drafter=args.drafter)
-    record: dict = {"device": flash.model.device, "compute_type": flash.model.compute_type,
-                    "inexact_reason": flash.model.inexact_reason}
+    record: dict = {
+        "device": flash.model.device,
+        "compute_type": flash.model.compute_type,
+        "inexact_reason": flash.model.inexact_reason,
+    }
     for name, options in DROPIN_OPTIONS.items():
-        different = [clip for clip, audio in clips.items()
-                     if segments_of(flash, audio, **options) != segments_of(reference, audio, **options)]
+        different = [
+            clip
+            for clip, audio in clips.items()
+            if segments_of(flash, audio, **options) != segments_of(reference, audio, **options)
+        ]
         record[name] = {"identical": len(clips) - len(different), "clips": len(clips), "different": different}
     long_audio = np.concatenate(list(clips.values()))[: 120 * SAMPLE_RATE]
-    batched_segments = [segments_of(pipeline(model=model), long_audio, batch_size=8)
-                        for pipeline, model in ((BatchedInferencePipeline, flash), (FasterBatched, reference))]
-    record["batched, defaults"] = {"identical": batched_segments[0] == batched_segments[1],
-                                   "segments": len(batched_segments[1])}
+    batched_segments = [
+        segments_of(pipeline(model=model), long_audio, batch_size=8)
+        for pipeline, model in ((BatchedInferencePipeline, flash), (FasterBatched, reference))
+    ]
+    record["batched, defaults"] = {
+        "identical": batched_segments[0] == batched_segments[1],
+        "segments": len(batched_segments[1]),
+    }
     record["counters"] = loop_counters(flash)
     return record
 
@@ -240,8 +281,10 @@ def redecode_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dic
     policy), the two in turn piece by piece, in alternating order."""
     model_path = resolve_model(args.model)
     common = dict(device=args.device, compute_type=compute_type, cpu_threads=args.cpu_threads)
-    models = {"faster-whisper": WhisperModel(model_path, **common),
-              "loop": FlashWhisperModel(model_path, **common, drafter=args.drafter, near_exact=True)}
+    models = {
+        "faster-whisper": WhisperModel(model_path, **common),
+        "loop": FlashWhisperModel(model_path, **common, drafter=args.drafter, near_exact=True),
+    }
     flash = models["loop"]
     gap = np.zeros(int(0.3 * SAMPLE_RATE), np.float32)
     stream = np.concatenate([part for audio in clips.values() for part in (audio, gap)])
@@ -262,9 +305,18 @@ def redecode_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dic
         buffers += len(outputs["loop"])
         identical += sum(a.tokens == b.tokens for a, b in zip(outputs["loop"], outputs["faster-whisper"]))
     stats = flash.spec_stats
-    return {"buffers": buffers, "identical": identical, "systems": {name: rounded(total) for name, total in totals.items()},
-            "counters": dict(loop_counters(flash), redecodes=stats.redecodes, offered=stats.offered,
-                             offered_accepted=stats.offered_accepted, loop_rows=stats.generate_calls)}
+    return {
+        "buffers": buffers,
+        "identical": identical,
+        "systems": {name: rounded(total) for name, total in totals.items()},
+        "counters": dict(
+            loop_counters(flash),
+            redecodes=stats.redecodes,
+            offered=stats.offered,
+            offered_accepted=stats.offered_accepted,
+            loop_rows=stats.generate_calls,
+        ),
+    }
 
 
 def device_name(device: str) -> str:
@@ -289,7 +341,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compute-types", nargs="+", default=["float16", "float32"])
     parser.add_argument("--dropin-compute-types", nargs="+", default=["default", "int8_float16", "bfloat16"])
-    parser.add_argument("--parts", nargs="+", choices=["loop", "redecodes", "dropin"], default=["loop", "redecodes", "dropin"])
+    parser.add_argument(
+        "--parts", nargs="+", choices=["loop", "redecodes", "dropin"], default=["loop", "redecodes", "dropin"]
+    )
     parser.add_argument("--redecode-seconds", type=float, default=120.0)
     parser.add_argument("--cpu-threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
@@ -303,13 +357,19 @@ def main() -> None:
         parser.error("--clips is needed (write it with --write-clips)")
     clips = dict(list(read_clips(args.clips).items())[: args.limit])
     document = {
-        "command": "python bench/gpu_check.py --clips CLIPS.npz --parts " + " ".join(args.parts)
-                   + " --compute-types " + " ".join(args.compute_types)
-                   + " --dropin-compute-types " + " ".join(args.dropin_compute_types),
-        "device": args.device, "device_name": device_name(args.device), "ctranslate2": ctranslate2.__version__,
+        "command": "python bench/gpu_check.py --clips CLIPS.npz --parts "
+        + " ".join(args.parts)
+        + " --compute-types "
+        + " ".join(args.compute_types)
+        + " --dropin-compute-types "
+        + " ".join(args.dropin_compute_types),
+        "device": args.device,
+        "device_name": device_name(args.device),
+        "ctranslate2": ctranslate2.__version__,
         # gpu_check.sh's link where the machine has no cuBLAS 12 (None: the machine's own).
         "cublas": os.environ.get("GPU_CHECK_CUBLAS"),
-        "clips": len(clips), "audio_seconds": round(sum(len(a) for a in clips.values()) / SAMPLE_RATE, 1),
+        "clips": len(clips),
+        "audio_seconds": round(sum(len(a) for a in clips.values()) / SAMPLE_RATE, 1),
         "repeats": args.repeats,
         "results": {},
     }

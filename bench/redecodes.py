@@ -120,14 +120,25 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
                         progress.update()
                     if system == "flash":
                         stats = flash.spec_stats
-                        loop_stats.append({"piece": name, "repeat": repeat, "buffers": len(ends),
-                                           "redecodes": stats.redecodes, "loop_rows": stats.generate_calls,
-                                           "generate_rows": stats.generate_rows, "target_calls": stats.target_calls,
-                                           "emitted": stats.emitted, "offered_rounds": stats.offered_rounds,
-                                           "offered": stats.offered, "offered_accepted": stats.offered_accepted,
-                                           "offered_ends": dict(stats.offered_ends),
-                                           "draft_rounds": stats.draft_rounds,
-                                           "proposed": stats.proposed, "accepted": stats.accepted})
+                        loop_stats.append(
+                            {
+                                "piece": name,
+                                "repeat": repeat,
+                                "buffers": len(ends),
+                                "redecodes": stats.redecodes,
+                                "loop_rows": stats.generate_calls,
+                                "generate_rows": stats.generate_rows,
+                                "target_calls": stats.target_calls,
+                                "emitted": stats.emitted,
+                                "offered_rounds": stats.offered_rounds,
+                                "offered": stats.offered,
+                                "offered_accepted": stats.offered_accepted,
+                                "offered_ends": dict(stats.offered_ends),
+                                "draft_rounds": stats.draft_rounds,
+                                "proposed": stats.proposed,
+                                "accepted": stats.accepted,
+                            }
+                        )
     allocators = allocators_of(stocks)
     for stock in stocks.values():
         stock.close()
@@ -141,8 +152,10 @@ def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
     for (name, end), by_system in runs.items():
         row = {"piece": name, "seconds": end / RATE}
         for system, results in by_system.items():
-            row[system] = {part: statistics.median(getattr(r, f"{part}_seconds") for r in results)
-                           for part in ("whole", "encode", "decode")}
+            row[system] = {
+                part: statistics.median(getattr(r, f"{part}_seconds") for r in results)
+                for part in ("whole", "encode", "decode")
+            }
         tokens = {system: results[0].tokens for system, results in by_system.items()}
         # A buffer whose greedy text failed faster-whisper's thresholds was sampled: each system
         # draws its own, so identity is counted over the greedy buffers only.
@@ -162,25 +175,40 @@ def summarise(compute_type: str, runs, loop_stats: List[dict], flash) -> dict:
         "compute_type": compute_type,
         "buffers": len(rows),
         "audio_seconds_transcribed": sum(row["seconds"] for row in rows),
-        "seconds": {system: {part: sum(row[system][part] for row in rows) for part in ("whole", "encode", "decode")}
-                    for system in SYSTEMS},
-        "speedup": {f"vs_{baseline}": {part: ratio(baseline, part) for part in ("whole", "decode")}
-                    for baseline in ("same", *STOCK_SYSTEMS)},
+        "seconds": {
+            system: {part: sum(row[system][part] for row in rows) for part in ("whole", "encode", "decode")}
+            for system in SYSTEMS
+        },
+        "speedup": {
+            f"vs_{baseline}": {part: ratio(baseline, part) for part in ("whole", "decode")}
+            for baseline in ("same", *STOCK_SYSTEMS)
+        },
         "greedy_buffers": sum(row["greedy"] for row in rows),
-        "identical_of_greedy": {key: sum(row[key] for row in rows if row["greedy"]) for key in
-                                ("flash_equals_same", "flash_equals_stock", "flash_equals_tuned_stock", "same_equals_stock",
-                                 "repeats_agree")},
+        "identical_of_greedy": {
+            key: sum(row[key] for row in rows if row["greedy"])
+            for key in (
+                "flash_equals_same",
+                "flash_equals_stock",
+                "flash_equals_tuned_stock",
+                "same_equals_stock",
+                "repeats_agree",
+            )
+        },
         "loop": {
-            "redecodes": total("redecodes"), "calls": total("buffers"),
-            "rows_in_loop": total("loop_rows"), "rows_in_generate": total("generate_rows"),
+            "redecodes": total("redecodes"),
+            "calls": total("buffers"),
+            "rows_in_loop": total("loop_rows"),
+            "rows_in_generate": total("generate_rows"),
             "tokens_per_target_call": total("emitted") / max(total("target_calls"), 1),
             "offered_acceptance": total("offered_accepted") / max(total("offered"), 1),
             "offered_rounds": total("offered_rounds"),
             # What ended the offered rounds, and rounds the fallback drafter proposed in.
-            "offered_ends": {end: sum(entry["offered_ends"].get(end, 0) for entry in loop_stats)
-                             for end in OFFERED_ENDS},
+            "offered_ends": {
+                end: sum(entry["offered_ends"].get(end, 0) for entry in loop_stats) for end in OFFERED_ENDS
+            },
             "draft_rounds": total("draft_rounds"),
-            "drafter_acceptance": (total("accepted") - total("offered_accepted")) / max(total("proposed") - total("offered"), 1),
+            "drafter_acceptance": (total("accepted") - total("offered_accepted"))
+            / max(total("proposed") - total("offered"), 1),
             "keeps_freed_memory": flash.model.engines.stock.keeps_freed_memory if flash.model.engines.stock else None,
             "worker_allocator": flash.model.engines.stock.allocator if flash.model.engines.stock else None,
         },
@@ -204,10 +232,13 @@ def plot(document: dict, path: str) -> None:
                 by_length.setdefault(int(round(row["seconds"])), []).append(row[system]["whole"])
             lengths = sorted(by_length)
             axis.plot(lengths, [statistics.median(by_length[n]) for n in lengths], marker=".", label=system)
-        axis.set(xlabel="buffer (s)", ylabel="whole path per buffer (s, median)",
-                 title=f"{setting['compute_type']}: flash {setting['speedup']['vs_same']['whole']['speedup']:.2f}x same, "
-                       f"{setting['speedup']['vs_stock']['whole']['speedup']:.2f}x stock, "
-                       f"{setting['speedup']['vs_tuned_stock']['whole']['speedup']:.2f}x tuned")
+        axis.set(
+            xlabel="buffer (s)",
+            ylabel="whole path per buffer (s, median)",
+            title=f"{setting['compute_type']}: flash {setting['speedup']['vs_same']['whole']['speedup']:.2f}x same, "
+            f"{setting['speedup']['vs_stock']['whole']['speedup']:.2f}x stock, "
+            f"{setting['speedup']['vs_tuned_stock']['whole']['speedup']:.2f}x tuned",
+        )
         axis.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
         axis.legend()
     figure.suptitle(f"re-decodes of growing buffers, {document['model']}, {document['machine'].get('cpu', '')}")
@@ -219,7 +250,9 @@ def main() -> None:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--compute-types", nargs="+", default=["int8", "float32"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--speech-set", default="mfa", help="a speech set to join into streams ('' for the test clip only)")
+    parser.add_argument(
+        "--speech-set", default="mfa", help="a speech set to join into streams ('' for the test clip only)"
+    )
     parser.add_argument("--stream-seconds", type=float, default=120.0)
     parser.add_argument("--max-streams", type=int, default=1, help="streams of the speech set used")
     parser.add_argument("--gap", type=float, default=0.3)
@@ -234,12 +267,18 @@ def main() -> None:
 
     found = streams(args.speech_set, args.stream_seconds, args.gap)
     chosen = ["long_multi_voice"] + [name for name in found if name != "long_multi_voice"][: args.max_streams]
-    pieces_by_name = {f"{name}#{index}": piece for name in chosen for index, piece in enumerate(pieces(found[name], args.cap))}
+    pieces_by_name = {
+        f"{name}#{index}": piece for name in chosen for index, piece in enumerate(pieces(found[name], args.cap))
+    }
     document = {
         "what": "re-decodes of growing buffers (greedy, timestamps): faster-whisper on the same engine, ct2-flash, "
-                "faster-whisper on stock ctranslate2, plain and with the tuned allocator",
-        "model": args.model, "threads": args.threads, "cap_seconds": args.cap, "first_seconds": args.first,
-        "step_seconds": args.step, "repeats": args.repeats,
+        "faster-whisper on stock ctranslate2, plain and with the tuned allocator",
+        "model": args.model,
+        "threads": args.threads,
+        "cap_seconds": args.cap,
+        "first_seconds": args.first,
+        "step_seconds": args.step,
+        "repeats": args.repeats,
         "streams": {name: found[name].size / RATE for name in chosen},
         "settings": [run_compute_type(compute_type, pieces_by_name, args) for compute_type in args.compute_types],
     }
@@ -247,12 +286,14 @@ def main() -> None:
     plot(document, args.out.rsplit(".", 1)[0] + ".png")
     for setting in document["settings"]:
         speed, loop = setting["speedup"], setting["loop"]
-        print(f"{setting['compute_type']}: whole {speed['vs_same']['whole']['speedup']:.2f}x same / "
-              f"{speed['vs_stock']['whole']['speedup']:.2f}x stock / {speed['vs_tuned_stock']['whole']['speedup']:.2f}x tuned "
-              f"stock; decode {speed['vs_same']['decode']['speedup']:.2f}x / {speed['vs_stock']['decode']['speedup']:.2f}x / "
-              f"{speed['vs_tuned_stock']['decode']['speedup']:.2f}x; {loop['tokens_per_target_call']:.2f} tokens per target "
-              f"call; identical to stock {setting['identical_of_greedy']['flash_equals_stock']}/{setting['greedy_buffers']} "
-              f"greedy buffers ({setting['buffers']} in all)")
+        print(
+            f"{setting['compute_type']}: whole {speed['vs_same']['whole']['speedup']:.2f}x same / "
+            f"{speed['vs_stock']['whole']['speedup']:.2f}x stock / {speed['vs_tuned_stock']['whole']['speedup']:.2f}x tuned "
+            f"stock; decode {speed['vs_same']['decode']['speedup']:.2f}x / {speed['vs_stock']['decode']['speedup']:.2f}x / "
+            f"{speed['vs_tuned_stock']['decode']['speedup']:.2f}x; {loop['tokens_per_target_call']:.2f} tokens per target "
+            f"call; identical to stock {setting['identical_of_greedy']['flash_equals_stock']}/{setting['greedy_buffers']} "
+            f"greedy buffers ({setting['buffers']} in all)"
+        )
 
 
 if __name__ == "__main__":

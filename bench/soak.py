@@ -53,9 +53,17 @@ def main() -> None:
 
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
     clips = [decode_audio(path) for path in sorted(glob.glob(os.path.join(data, "*.ogg")))]
-    models = {(compute, drafter): FlashWhisperModel("tiny.en", stock_engine=False, compute_type=compute, cpu_threads=args.threads,
-                                                    drafter=PromptLookupDrafter() if drafter == "prompt lookup" else None)
-              for compute in ("int8", "float32") for drafter in ("shipped", "prompt lookup")}
+    models = {
+        (compute, drafter): FlashWhisperModel(
+            "tiny.en",
+            stock_engine=False,
+            compute_type=compute,
+            cpu_threads=args.threads,
+            drafter=PromptLookupDrafter() if drafter == "prompt lookup" else None,
+        )
+        for compute in ("int8", "float32")
+        for drafter in ("shipped", "prompt lookup")
+    }
     keys = list(models)
     longest = max(clips, key=len)
     for model in models.values():  # every model meets its largest buffers before call 0
@@ -74,21 +82,33 @@ def main() -> None:
         options = dict(beam_size=1, temperature=0.0 if rng.random() < 0.7 else [0.0, 0.4, 0.8])
         segments, _ = model.transcribe(audio, **options)
         text = " ".join(s.text for s in segments)
-        samples.append({"call": call, "seconds": audio.size / 16000, "model": "/".join(keys[call % len(keys)]),
-                        "resident_mb": resident_mb(), "open_files": open_files(),
-                        "threads": threading.active_count(), "os_threads": len(os.listdir("/proc/self/task")),
-                        "characters": len(text)})
+        samples.append(
+            {
+                "call": call,
+                "seconds": audio.size / 16000,
+                "model": "/".join(keys[call % len(keys)]),
+                "resident_mb": resident_mb(),
+                "open_files": open_files(),
+                "threads": threading.active_count(),
+                "os_threads": len(os.listdir("/proc/self/task")),
+                "characters": len(text),
+            }
+        )
     warm = samples[max(0, args.calls // 10 - 1)]
     last = samples[-1]
     summary = {
         "what": "resident memory, open files and threads over many transcriptions in one process",
-        "calls": args.calls, "wall_seconds": time.time() - started,
+        "calls": args.calls,
+        "wall_seconds": time.time() - started,
         "audio_seconds": sum(s["seconds"] for s in samples),
-        "resident_mb_after_warm_up": warm["resident_mb"], "resident_mb_at_end": last["resident_mb"],
+        "resident_mb_after_warm_up": warm["resident_mb"],
+        "resident_mb_at_end": last["resident_mb"],
         "resident_growth": last["resident_mb"] / warm["resident_mb"] - 1,
         "resident_growth_second_half": last["resident_mb"] / samples[len(samples) // 2]["resident_mb"] - 1,
-        "open_files_after_warm_up": warm["open_files"], "open_files_at_end": last["open_files"],
-        "os_threads_after_warm_up": warm["os_threads"], "os_threads_at_end": last["os_threads"],
+        "open_files_after_warm_up": warm["open_files"],
+        "open_files_at_end": last["open_files"],
+        "os_threads_after_warm_up": warm["os_threads"],
+        "os_threads_at_end": last["os_threads"],
         "samples": samples,
     }
     write_result(args.out, summary)
@@ -104,8 +124,10 @@ def main() -> None:
     axes[1].legend()
     figure.suptitle(f"{args.calls} transcriptions, int8 and float32, shipped and prompt-lookup drafters")
     save_figure(figure, args.out.rsplit(".", 1)[0] + ".png")
-    print(f"resident {warm['resident_mb']:.0f} -> {last['resident_mb']:.0f} MiB ({summary['resident_growth']:+.1%}), "
-          f"open files {warm['open_files']} -> {last['open_files']}, threads {warm['os_threads']} -> {last['os_threads']}")
+    print(
+        f"resident {warm['resident_mb']:.0f} -> {last['resident_mb']:.0f} MiB ({summary['resident_growth']:+.1%}), "
+        f"open files {warm['open_files']} -> {last['open_files']}, threads {warm['os_threads']} -> {last['os_threads']}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Markdown tables from ``ct2-flash bench`` JSON files (what the README shows).
 
-    python bench/summarize.py bench/results/real_speech/bench.json [...]
+python bench/summarize.py bench/results/real_speech/bench.json [...]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def _interval(entry: dict) -> str:
 
 
 def _versus(section: dict, name: str) -> str:
-    """"decode / whole" against stock system ``name`` ("stock", "tuned_stock"), "-" without it."""
+    """ "decode / whole" against stock system ``name`` ("stock", "tuned_stock"), "-" without it."""
     versus = section.get(f"speedup_vs_{name}")
     return f"{versus['decode']['speedup']:.2f}x / {versus['whole']['speedup']:.2f}x" if versus else "-"
 
@@ -22,10 +22,13 @@ def _versus(section: dict, name: str) -> str:
 def table(path: str) -> str:
     with open(path, encoding="utf-8") as stream:
         document = json.load(stream)
-    lines = [f"`{path}`", "",
-             "| setting | utt. | audio s | decode speedup [95% CI] | whole path | vs stock (decode / whole) "
-             "| vs tuned stock | identical | acceptance | first pos. | tokens/call | WER fw / flash |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`{path}`",
+        "",
+        "| setting | utt. | audio s | decode speedup [95% CI] | whole path | vs stock (decode / whole) "
+        "| vs tuned stock | identical | acceptance | first pos. | tokens/call | WER fw / flash |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for setting in document["settings"]:
         summary = setting["summary"]
         systems = summary["systems"]
@@ -44,12 +47,15 @@ def table(path: str) -> str:
             f"| {_interval(summary['speedup']['decode'])} | {_interval(summary['speedup']['whole'])} "
             f"| {_versus(summary, 'stock')} | {_versus(summary, 'tuned_stock')} "
             f"| {identity['identical']}/{identity['of']} | {rate(summary['acceptance_rate'])} "
-            f"| {rate(summary['first_position_acceptance'])} | {number(summary['tokens_per_target_call'])} | {wer_text} |")
+            f"| {rate(summary['first_position_acceptance'])} | {number(summary['tokens_per_target_call'])} | {wer_text} |"
+        )
         for section in setting.get("batched", []):
             identity = section["token_identity"]
-            lines.append(f"| ↳ batched, batch {section['batch_size']} | | | {_interval(section['speedup']['decode'])} "
-                         f"| {_interval(section['speedup']['whole'])} | {_versus(section, 'stock')} "
-                         f"| {_versus(section, 'tuned_stock')} | {identity['identical']}/{identity['of']} | | | | |")
+            lines.append(
+                f"| ↳ batched, batch {section['batch_size']} | | | {_interval(section['speedup']['decode'])} "
+                f"| {_interval(section['speedup']['whole'])} | {_versus(section, 'stock')} "
+                f"| {_versus(section, 'tuned_stock')} | {identity['identical']}/{identity['of']} | | | | |"
+            )
     return "\n".join(lines)
 
 

@@ -29,8 +29,11 @@ def main() -> None:
     parser.add_argument("--speech-set", default="mfa")
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--stock", action="store_true",
-                        help="also the default model (stock worker on) against faster-whisper on stock ctranslate2")
+    parser.add_argument(
+        "--stock",
+        action="store_true",
+        help="also the default model (stock worker on) against faster-whisper on stock ctranslate2",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -52,19 +55,24 @@ def main() -> None:
     results = []
     for workers in args.threads:
         options = dict(compute_type=args.compute_type, cpu_threads=args.cpu_threads, num_workers=workers)
-        models = {"faster-whisper": WhisperModel(path, **options),
-                  "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options, redecodes=False)}
+        models = {
+            "faster-whisper": WhisperModel(path, **options),
+            "ct2-flash": FlashWhisperModel(path, stock_engine=False, **options, redecodes=False),
+        }
         stock = None
         if args.stock:
             models["ct2-flash, default"] = FlashWhisperModel(path, **options, redecodes=False)
             python, directory = local_baseline()
             stock = StockWorker(python, path, args.compute_type, args.cpu_threads, directory, num_workers=workers)
         # Threads share each model exactly as in the stock baseline's process: one function for both.
-        systems = {name: (lambda part=None, model=model: shared(model, part or clips, workers, OPTIONS))
-                   for name, model in models.items()}
+        systems = {
+            name: (lambda part=None, model=model: shared(model, part or clips, workers, OPTIONS))
+            for name, model in models.items()
+        }
         if stock is not None:
             systems["faster-whisper, stock"] = lambda part=None: stock.shared(
-                {str(index): audio for index, audio in enumerate(part or clips)}, workers, **OPTIONS)
+                {str(index): audio for index, audio in enumerate(part or clips)}, workers, **OPTIONS
+            )
         try:
             for system in systems.values():  # warm-up, on as many clips as threads
                 system(clips[:workers])
@@ -77,27 +85,43 @@ def main() -> None:
         # of a system must give its reference's tokens (the same engine's, or stock's).
         times = {name: [wall for wall, _ in calls] for name, calls in walls.items()}
         references = {"ct2-flash": "faster-whisper", "ct2-flash, default": "faster-whisper, stock"}
-        identical = {name: sum(all(got[index] == walls[reference][0][1][index] for _, got in walls[name])
-                               for index in range(len(clips)))
-                     for name, reference in references.items() if name in walls}
-        row = {"threads": workers,
-               **{f"{name} audio s per s": seconds / min(wall) for name, wall in times.items()},
-               "ratio": min(times["faster-whisper"]) / min(times["ct2-flash"]),
-               **({"ratio, default vs stock": min(times["faster-whisper, stock"]) / min(times["ct2-flash, default"])}
-                  if stock is not None else {}),
-               **{f"{name}: clips identical to {references[name]}": count for name, count in identical.items()},
-               "speculative rows": stats.generate_calls, "generate() rows": stats.generate_rows,
-               "busy calls": stats.busy_calls}
+        identical = {
+            name: sum(
+                all(got[index] == walls[reference][0][1][index] for _, got in walls[name])
+                for index in range(len(clips))
+            )
+            for name, reference in references.items()
+            if name in walls
+        }
+        row = {
+            "threads": workers,
+            **{f"{name} audio s per s": seconds / min(wall) for name, wall in times.items()},
+            "ratio": min(times["faster-whisper"]) / min(times["ct2-flash"]),
+            **(
+                {"ratio, default vs stock": min(times["faster-whisper, stock"]) / min(times["ct2-flash, default"])}
+                if stock is not None
+                else {}
+            ),
+            **{f"{name}: clips identical to {references[name]}": count for name, count in identical.items()},
+            "speculative rows": stats.generate_calls,
+            "generate() rows": stats.generate_rows,
+            "busy calls": stats.busy_calls,
+        }
         for model in models.values():
             if isinstance(model, FlashWhisperModel):
                 model.model.engines.close()  # its stock worker, if it has one
         results.append(row)
         print(row)
-    document = {"what": "throughput of threads sharing one model, faster-whisper vs ct2-flash (best of repeats)",
-                "compute_type": args.compute_type, "cpu_threads": args.cpu_threads, "audio_seconds": seconds,
-                "utterances": len(clips), "machine": machine(),
-                "stock_ctranslate2": STOCK_CTRANSLATE2 if args.stock else None,
-                "results": results}
+    document = {
+        "what": "throughput of threads sharing one model, faster-whisper vs ct2-flash (best of repeats)",
+        "compute_type": args.compute_type,
+        "cpu_threads": args.cpu_threads,
+        "audio_seconds": seconds,
+        "utterances": len(clips),
+        "machine": machine(),
+        "stock_ctranslate2": STOCK_CTRANSLATE2 if args.stock else None,
+        "results": results,
+    }
     write_result(args.out, document)
 
 

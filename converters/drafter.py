@@ -68,8 +68,15 @@ class ValidationWindow:
     states: np.ndarray
 
 
-def convert_drafter(checkpoint: str, output_dir: str, model_path: Optional[str] = None, *, force: bool = False,
-                    audio: Sequence[str] = (), max_positions: int = 200) -> ExportManifest:
+def convert_drafter(
+    checkpoint: str,
+    output_dir: str,
+    model_path: Optional[str] = None,
+    *,
+    force: bool = False,
+    audio: Sequence[str] = (),
+    max_positions: int = 200,
+) -> ExportManifest:
     """Convert ``checkpoint`` into ``output_dir`` (see the module docstring).
 
     Args:
@@ -104,15 +111,18 @@ def convert_drafter(checkpoint: str, output_dir: str, model_path: Optional[str] 
         export_graphs(model, work)
         vocabulary = [int(i) for i in model.shortlist.tolist()]
         ExportManifest(opset=OPSET, graphs=_FILES, verification={}, vocabulary=vocabulary).write(work)
-        verification = {precision: verify(model, work, model_path, precision, windows, max_positions)
-                        for precision in _FILES}
+        verification = {
+            precision: verify(model, work, model_path, precision, windows, max_positions) for precision in _FILES
+        }
         manifest = ExportManifest(opset=OPSET, graphs=_FILES, verification=verification, vocabulary=vocabulary)
         manifest.write(work)
         float32 = verification["float32"]
         if float32["max_log_prob_difference"] > FLOAT32_TOLERANCE:
-            raise ConversionError(f"the float32 graphs differ from the PyTorch drafter by up to "
-                                  f"{float32['max_log_prob_difference']:.2e} in log-probability "
-                                  f"(allowed {FLOAT32_TOLERANCE:.0e}); nothing was written")
+            raise ConversionError(
+                f"the float32 graphs differ from the PyTorch drafter by up to "
+                f"{float32['max_log_prob_difference']:.2e} in log-probability "
+                f"(allowed {FLOAT32_TOLERANCE:.0e}); nothing was written"
+            )
         os.makedirs(output_dir, exist_ok=True)
         for name in os.listdir(work):
             shutil.copyfile(os.path.join(work, name), os.path.join(output_dir, name))
@@ -136,23 +146,47 @@ def export_graphs(model, directory: str) -> None:
         audio = AudioKeys(model)(encoder_output)
         history = HistoryKeys(model)(states, positions)
     graphs = {
-        "audio": (AudioKeys(model), (encoder_output,), ["encoder_output"], audio_names,
-                  {"encoder_output": {1: "frames"}, **{name: {1: "frames"} for name in audio_names}}),
-        "history": (HistoryKeys(model), (states, positions), ["states", "positions"], history_names,
-                    {"states": {0: "rows"}, "positions": {0: "rows"}, **{name: {0: "rows"} for name in history_names}}),
-        "propose": (ProposeBlock(model), (torch.randn(1, d), torch.arange(7, 8 + config.num_draft_tokens), *history,
-                                          *audio),
-                    ["anchor_embedding", "positions", *history_names, *audio_names], ["tokens", "log_probs", "logits"],
-                    {"positions": {0: "rows"}, **{name: {0: "drafts"} for name in ("tokens", "log_probs", "logits")},
-                     **{name: {0: "history_length"} for name in history_names},
-                     **{name: {1: "frames"} for name in audio_names}}),
+        "audio": (
+            AudioKeys(model),
+            (encoder_output,),
+            ["encoder_output"],
+            audio_names,
+            {"encoder_output": {1: "frames"}, **{name: {1: "frames"} for name in audio_names}},
+        ),
+        "history": (
+            HistoryKeys(model),
+            (states, positions),
+            ["states", "positions"],
+            history_names,
+            {"states": {0: "rows"}, "positions": {0: "rows"}, **{name: {0: "rows"} for name in history_names}},
+        ),
+        "propose": (
+            ProposeBlock(model),
+            (torch.randn(1, d), torch.arange(7, 8 + config.num_draft_tokens), *history, *audio),
+            ["anchor_embedding", "positions", *history_names, *audio_names],
+            ["tokens", "log_probs", "logits"],
+            {
+                "positions": {0: "rows"},
+                **{name: {0: "drafts"} for name in ("tokens", "log_probs", "logits")},
+                **{name: {0: "history_length"} for name in history_names},
+                **{name: {1: "frames"} for name in audio_names},
+            },
+        ),
     }
     for name, (module, args, inputs, outputs, dynamic) in graphs.items():
         float32_path = os.path.join(directory, _FILES["float32"][name])
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, args, float32_path, dynamo=False, opset_version=OPSET, input_names=inputs,
-                              output_names=outputs, dynamic_axes=dynamic)
+            torch.onnx.export(
+                module,
+                args,
+                float32_path,
+                dynamo=False,
+                opset_version=OPSET,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes=dynamic,
+            )
         quiet = logging.getLogger().level
         logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic logs advice at WARNING on the root logger
         try:
@@ -202,8 +236,9 @@ def validation_windows(model_path: str, audio_paths: Sequence[str]) -> List[Vali
     whisper = WhisperModel(model_path, compute_type="float32", cpu_threads=2)
     special, _ = load_vocabulary(model_path)
     config = load_config(model_path)
-    runtime = TargetRuntime(whisper.model, model_path, special, config.get("suppress_ids", ()),
-                            config.get("suppress_ids_begin", ()))
+    runtime = TargetRuntime(
+        whisper.model, model_path, special, config.get("suppress_ids", ()), config.get("suppress_ids_begin", ())
+    )
     tokenizer = Tokenizer(whisper.hf_tokenizer, whisper.model.is_multilingual, task="transcribe", language="en")
     prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
     windows = []
@@ -224,8 +259,9 @@ def validation_windows(model_path: str, audio_paths: Sequence[str]) -> List[Vali
     return windows
 
 
-def verify(model, directory: str, model_path: str, precision: str, windows: Sequence[ValidationWindow],
-           max_positions: int) -> dict:
+def verify(
+    model, directory: str, model_path: str, precision: str, windows: Sequence[ValidationWindow], max_positions: int
+) -> dict:
     """Run the PyTorch drafter (float32) and the exported graphs side by side, anchor by anchor.
 
     Successive anchors ask for K, 1, 2, .. K - 1, K, 1, .. drafts, so blocks of every length
@@ -257,8 +293,10 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
                 proposals.append(drafter.propose(window.tokens[: i + 1], rows))
             lengths = {len(proposal.tokens) for proposal in proposals}
             if lengths != {rows}:
-                raise ConversionError(f"asked for {rows} drafts, the {precision} graphs and PyTorch proposed "
-                                      f"{len(proposals[1].tokens)} and {len(proposals[0].tokens)}")
+                raise ConversionError(
+                    f"asked for {rows} drafts, the {precision} graphs and PyTorch proposed "
+                    f"{len(proposals[1].tokens)} and {len(proposals[0].tokens)}"
+                )
             same = np.array(proposals[0].tokens) == np.array(proposals[1].tokens)
             agree[:rows] += same
             proposed[:rows] += 1
@@ -266,10 +304,19 @@ def verify(model, directory: str, model_path: str, precision: str, windows: Sequ
             difference = np.abs(np.array(proposals[0].log_probs) - np.array(proposals[1].log_probs))[same]
             worst = max(worst, float(difference.max(initial=0.0)))
     by_position = (agree / np.maximum(proposed, 1)).round(4).tolist()
-    result = {"positions": anchors, "top1_agreement": round(float(agree.sum() / max(proposed.sum(), 1)), 4),
-              "top1_agreement_by_position": by_position, "max_log_prob_difference": worst}
-    logger.info("%s graphs vs PyTorch on %d anchors: top-1 agreement %.2f%%, max log-prob difference %.2e",
-                precision, anchors, 100 * result["top1_agreement"], worst)
+    result = {
+        "positions": anchors,
+        "top1_agreement": round(float(agree.sum() / max(proposed.sum(), 1)), 4),
+        "top1_agreement_by_position": by_position,
+        "max_log_prob_difference": worst,
+    }
+    logger.info(
+        "%s graphs vs PyTorch on %d anchors: top-1 agreement %.2f%%, max log-prob difference %.2e",
+        precision,
+        anchors,
+        100 * result["top1_agreement"],
+        worst,
+    )
     return result
 
 

@@ -34,8 +34,10 @@ from ct2_flash.drafting.flash_model import FlashDrafterModel
 
 def _check_exportable(model: FlashDrafterModel) -> None:
     if not (model.config.use_audio and model.config.use_history):
-        raise ValueError("ablation drafters (no audio or no history) are for experiments and run in PyTorch only; "
-                         "only a full drafter can be converted")
+        raise ValueError(
+            "ablation drafters (no audio or no history) are for experiments and run in PyTorch only; "
+            "only a full drafter can be converted"
+        )
 
 
 def cache_names(prefix: str, num_layers: int) -> list:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from ct2_flash.runtime.row_scores import GRAPH_FILE
 
-OPSET = 17  # pinned: ReduceMax with an axes attribute, CumSum, Slice and GatherElements as ONNX Runtime >= 1.17 runs them
+OPSET = (
+    17  # pinned: ReduceMax with an axes attribute, CumSum, Slice and GatherElements as ONNX Runtime >= 1.17 runs them
+)
 IR_VERSION = 8
 # Slice's "to the end" (int64).
 _END = 2**62
@@ -30,30 +32,43 @@ def build_row_lane_sums():
     from onnx import TensorProto, helper
 
     def constant(name, values, shape=None):
-        return helper.make_node("Constant", [], [name], value=helper.make_tensor(
-            name, TensorProto.INT64, [len(values)] if shape is None else shape, values))
+        return helper.make_node(
+            "Constant",
+            [],
+            [name],
+            value=helper.make_tensor(name, TensorProto.INT64, [len(values)] if shape is None else shape, values),
+        )
 
     graph = helper.make_graph(
-        [constant("axis", [1]), constant("scan_axis", [1], shape=[]), constant("zero", [0]),
-         constant("last", [-1]), constant("end", [_END]),
-         helper.make_node("ReduceMax", ["rows"], ["peaks"], axes=[1], keepdims=1),
-         helper.make_node("Sub", ["rows", "peaks"], ["shifted"]),
-         helper.make_node("Exp", ["shifted"], ["terms"]),
-         helper.make_node("Slice", ["terms", "zero", "body", "axis"], ["body_terms"]),
-         helper.make_node("Reshape", ["body_terms", "lane_shape"], ["lanes"]),
-         helper.make_node("CumSum", ["lanes", "scan_axis"], ["running"]),
-         helper.make_node("Slice", ["running", "last", "end", "axis"], ["lane_sums"]),
-         helper.make_node("Slice", ["terms", "body", "end", "axis"], ["tail"]),
-         helper.make_node("GatherElements", ["rows", "columns"], ["picked"], axis=1)],
+        [
+            constant("axis", [1]),
+            constant("scan_axis", [1], shape=[]),
+            constant("zero", [0]),
+            constant("last", [-1]),
+            constant("end", [_END]),
+            helper.make_node("ReduceMax", ["rows"], ["peaks"], axes=[1], keepdims=1),
+            helper.make_node("Sub", ["rows", "peaks"], ["shifted"]),
+            helper.make_node("Exp", ["shifted"], ["terms"]),
+            helper.make_node("Slice", ["terms", "zero", "body", "axis"], ["body_terms"]),
+            helper.make_node("Reshape", ["body_terms", "lane_shape"], ["lanes"]),
+            helper.make_node("CumSum", ["lanes", "scan_axis"], ["running"]),
+            helper.make_node("Slice", ["running", "last", "end", "axis"], ["lane_sums"]),
+            helper.make_node("Slice", ["terms", "body", "end", "axis"], ["tail"]),
+            helper.make_node("GatherElements", ["rows", "columns"], ["picked"], axis=1),
+        ],
         "row_lane_sums",
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["r", "v"]),
-         helper.make_tensor_value_info("columns", TensorProto.INT64, ["r", 1]),
-         helper.make_tensor_value_info("body", TensorProto.INT64, [1]),
-         helper.make_tensor_value_info("lane_shape", TensorProto.INT64, [3])],
-        [helper.make_tensor_value_info("peaks", TensorProto.FLOAT, ["r", 1]),
-         helper.make_tensor_value_info("lane_sums", TensorProto.FLOAT, ["r", 1, "width"]),
-         helper.make_tensor_value_info("tail", TensorProto.FLOAT, ["r", "t"]),
-         helper.make_tensor_value_info("picked", TensorProto.FLOAT, ["r", 1])],
+        [
+            helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["r", "v"]),
+            helper.make_tensor_value_info("columns", TensorProto.INT64, ["r", 1]),
+            helper.make_tensor_value_info("body", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("lane_shape", TensorProto.INT64, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("peaks", TensorProto.FLOAT, ["r", 1]),
+            helper.make_tensor_value_info("lane_sums", TensorProto.FLOAT, ["r", 1, "width"]),
+            helper.make_tensor_value_info("tail", TensorProto.FLOAT, ["r", "t"]),
+            helper.make_tensor_value_info("picked", TensorProto.FLOAT, ["r", 1]),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ct2-flash")
     model.ir_version = IR_VERSION

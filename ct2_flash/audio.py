@@ -63,11 +63,17 @@ def readable_error(error: Exception, message: str) -> Exception:
 def _audio_error_of(kind: type) -> type:
     """The class deriving from AudioError and PyAV's ``kind`` (``kind`` itself where none can)."""
     try:
-        return type(kind.__name__, (AudioError, kind), {
-            "__module__": __name__, "__qualname__": f"AudioError[{kind.__qualname__}]",
-            "__str__": lambda self: self.message,
-            # The class is made here, so pickle rebuilds it through this module.
-            "__reduce__": lambda self: (_rebuild, (kind, self.args, self.message))})
+        return type(
+            kind.__name__,
+            (AudioError, kind),
+            {
+                "__module__": __name__,
+                "__qualname__": f"AudioError[{kind.__qualname__}]",
+                "__str__": lambda self: self.message,
+                # The class is made here, so pickle rebuilds it through this module.
+                "__reduce__": lambda self: (_rebuild, (kind, self.args, self.message)),
+            },
+        )
     except TypeError:
         return kind
 
@@ -103,8 +109,10 @@ def checked_audio(audio: Any, sampling_rate: int) -> np.ndarray:
         except Exception as error:  # PyAV raises many types for unreadable input
             raise readable_error(error, f"cannot read audio {name!r}: {type(error).__name__}: {error}") from error
     if audio.ndim != 1:
-        raise AudioError(f"expected a 1-D mono waveform at {sampling_rate} Hz, got an array of shape {audio.shape} "
-                         "(mix the channels down, for example audio.mean(axis=...))")
+        raise AudioError(
+            f"expected a 1-D mono waveform at {sampling_rate} Hz, got an array of shape {audio.shape} "
+            "(mix the channels down, for example audio.mean(axis=...))"
+        )
     if not np.issubdtype(audio.dtype, np.floating):
         hint = " (int16 PCM: divide by 32768 into float32)" if np.issubdtype(audio.dtype, np.integer) else ""
         raise AudioError(f"expected floating-point samples in [-1, 1], got dtype {audio.dtype}{hint}")

@@ -22,10 +22,28 @@ from ct2_flash.outputs import output_paths, write_outputs
 
 # What a folder's walk takes as audio (by extension, case-insensitive); a file named directly or
 # in a list is taken whatever its name.
-AUDIO_EXTENSIONS = frozenset({
-    ".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".webm", ".mp4", ".mkv",
-    ".mov", ".aif", ".aiff", ".amr", ".3gp", ".mka",
-})
+AUDIO_EXTENSIONS = frozenset(
+    {
+        ".wav",
+        ".mp3",
+        ".flac",
+        ".ogg",
+        ".oga",
+        ".opus",
+        ".m4a",
+        ".aac",
+        ".wma",
+        ".webm",
+        ".mp4",
+        ".mkv",
+        ".mov",
+        ".aif",
+        ".aiff",
+        ".amr",
+        ".3gp",
+        ".mka",
+    }
+)
 LIST_EXTENSIONS = frozenset({".txt", ".lst"})
 
 
@@ -103,7 +121,8 @@ def find_audio(inputs: Sequence[str]) -> List[AudioFile]:
             raise CollectionError(
                 f"{clash.path} and {audio.path} would write the same outputs ({audio.stem}.*): name their folders "
                 "instead (sub-folders are mirrored in the output folder), or transcribe them into different "
-                "--output-dir folders")
+                "--output-dir folders"
+            )
         by_stem[audio.stem] = audio
     return list(unique.values())
 
@@ -160,12 +179,14 @@ def check_output_folder(output_dir: str) -> None:
 
 def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str]) -> bool:
     """Whether any of ``files`` lacks one of its outputs (what a rerun would transcribe)."""
-    return any(not all(os.path.isfile(path) for path in output_paths(output_dir, audio.stem, formats))
-               for audio in files)
+    return any(
+        not all(os.path.isfile(path) for path in output_paths(output_dir, audio.stem, formats)) for audio in files
+    )
 
 
-def transcribe_files(inputs: Sequence[str], output_dir: str, formats: Sequence[str] = ("txt",), model=None,
-                     **transcribe_options) -> Iterator[FileResult]:
+def transcribe_files(
+    inputs: Sequence[str], output_dir: str, formats: Sequence[str] = ("txt",), model=None, **transcribe_options
+) -> Iterator[FileResult]:
     """Transcribe every audio file ``inputs`` name (``find_audio``) into ``output_dir``.
 
     Args:
@@ -186,8 +207,9 @@ def transcribe_files(inputs: Sequence[str], output_dir: str, formats: Sequence[s
     return transcribe_found(files, output_dir, formats, model, **transcribe_options)
 
 
-def transcribe_found(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str], model=None,
-                     **transcribe_options) -> Iterator[FileResult]:
+def transcribe_found(
+    files: Sequence[AudioFile], output_dir: str, formats: Sequence[str], model=None, **transcribe_options
+) -> Iterator[FileResult]:
     """``transcribe_files`` on files already found (``find_audio``), into a checked folder."""
     transcribe_options.setdefault("beam_size", 1)
     for audio in files:
@@ -207,8 +229,9 @@ def transcribe_found(files: Sequence[AudioFile], output_dir: str, formats: Seque
             yield FileResult(audio.path, "failed", error=_reason(error), seconds=time.perf_counter() - started)
             continue
         written = write_outputs(segments, info, audio.path, output_dir, formats, stem=audio.stem)
-        yield FileResult(audio.path, "done", written, audio_seconds=float(info.duration),
-                         seconds=time.perf_counter() - started)
+        yield FileResult(
+            audio.path, "done", written, audio_seconds=float(info.duration), seconds=time.perf_counter() - started
+        )
 
 
 def _reason(error: BaseException) -> str:

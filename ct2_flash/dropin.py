@@ -69,8 +69,11 @@ class DropInOptions:
         if self.drafter is not None and not os.path.isdir(self.drafter):
             raise FileNotFoundError(f"drafter directory {self.drafter!r} does not exist")
         # ct2-flash's own options (faster-whisper's are the program's to pass).
-        allowed = {p.name for p in inspect.signature(FlashWhisperModel.__init__).parameters.values()
-                   if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        allowed = {
+            p.name
+            for p in inspect.signature(FlashWhisperModel.__init__).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
         unknown = sorted(set(self.model_options) - allowed)
         if unknown:
             raise TypeError(f"FlashWhisperModel has no option(s) {unknown}; it takes {sorted(allowed)}")
@@ -107,23 +110,35 @@ class DropInWhisperModel(FlashWhisperModel):
     def __init__(self, model_size_or_path: str, *args, **kwargs) -> None:
         options = _state.options if _state is not None else DropInOptions()
         if kwargs.get("files"):
-            raise ValueError("ct2-flash: WhisperModel(files=...) (a model held in memory) is not supported under "
-                             "ct2-flash; save the model to a directory and pass its path, or run the program "
-                             "without ct2-flash")
+            raise ValueError(
+                "ct2-flash: WhisperModel(files=...) (a model held in memory) is not supported under "
+                "ct2-flash; save the model to a directory and pass its path, or run the program "
+                "without ct2-flash"
+            )
         bound = inspect.signature(WhisperModel.__init__).bind(self, model_size_or_path, *args, **kwargs).arguments
-        path = resolve_like_faster_whisper(model_size_or_path, bound.get("download_root"),
-                                           bound.get("local_files_only", False), bound.get("revision"),
-                                           bound.get("use_auth_token"))
+        path = resolve_like_faster_whisper(
+            model_size_or_path,
+            bound.get("download_root"),
+            bound.get("local_files_only", False),
+            bound.get("revision"),
+            bound.get("use_auth_token"),
+        )
         settings = dict(options.model_options, drafter=options.drafter, num_draft_tokens=options.num_draft_tokens)
         settings.update(kwargs)
         try:
             super().__init__(path, *args, **settings)
         except Exception as error:
             # The program sees the very exception (it may catch it); the log says who failed and what to try.
-            logger.error("ct2-flash: %s could not build WhisperModel(%r) under ct2-flash (%s: %s); check that plain "
-                         "faster-whisper loads it (run the program without ct2-flash), and that the drafter (%s) "
-                         "was made for this model", options.program or "the program", model_size_or_path,
-                         type(error).__name__, error, options.drafter or "the shipped one")
+            logger.error(
+                "ct2-flash: %s could not build WhisperModel(%r) under ct2-flash (%s: %s); check that plain "
+                "faster-whisper loads it (run the program without ct2-flash), and that the drafter (%s) "
+                "was made for this model",
+                options.program or "the program",
+                model_size_or_path,
+                type(error).__name__,
+                error,
+                options.drafter or "the shipped one",
+            )
             raise
         if options.program:
             # A console script's name, or the module of -m (underscores).
@@ -136,11 +151,18 @@ class DropInWhisperModel(FlashWhisperModel):
 
 
 # faster-whisper's constructor, model name required as there, and ct2-flash's options.
-DropInWhisperModel.__init__.__signature__ = constructor_signature(DropInWhisperModel.__init__, FlashWhisperModel.__init__)
+DropInWhisperModel.__init__.__signature__ = constructor_signature(
+    DropInWhisperModel.__init__, FlashWhisperModel.__init__
+)
 
 
-def resolve_like_faster_whisper(name: str, download_root: Optional[str] = None, local_files_only: bool = False,
-                                revision: Optional[str] = None, use_auth_token: Any = None) -> str:
+def resolve_like_faster_whisper(
+    name: str,
+    download_root: Optional[str] = None,
+    local_files_only: bool = False,
+    revision: Optional[str] = None,
+    use_auth_token: Any = None,
+) -> str:
     """The model directory (or embedded name) for ``name``, as faster-whisper resolves it: a
     directory is itself, an embedded model is ct2-flash's copy (no network), anything else
     goes to faster-whisper's ``download_model`` (its cache first; ``local_files_only`` never
@@ -152,8 +174,13 @@ def resolve_like_faster_whisper(name: str, download_root: Optional[str] = None, 
     if os.path.isdir(name) or name in available_models():
         return name
     try:
-        return download_model(name, local_files_only=local_files_only, cache_dir=download_root, revision=revision,
-                              use_auth_token=use_auth_token)
+        return download_model(
+            name,
+            local_files_only=local_files_only,
+            cache_dir=download_root,
+            revision=revision,
+            use_auth_token=use_auth_token,
+        )
     except Exception as error:  # huggingface_hub raises many types (offline, not found, auth)
         offline = ", ".join(available_models()) or "none"
         raise UnknownModelError(
@@ -163,8 +190,9 @@ def resolve_like_faster_whisper(name: str, download_root: Optional[str] = None, 
         ) from error
 
 
-def install(drafter: Optional[str] = None, num_draft_tokens: int = 8, program: Optional[str] = None,
-            **model_options: Any) -> None:
+def install(
+    drafter: Optional[str] = None, num_draft_tokens: int = 8, program: Optional[str] = None, **model_options: Any
+) -> None:
     """Make ``faster_whisper.WhisperModel`` ct2-flash's ``DropInWhisperModel`` in this
     process (and ``BatchedInferencePipeline`` ct2-flash's, which checks the audio first).
 
@@ -182,7 +210,10 @@ def install(drafter: Optional[str] = None, num_draft_tokens: int = 8, program: O
             _state.options = options
             return
         _state = _State(options)
-        replacements = {WhisperModel: DropInWhisperModel, ORIGINALS["BatchedInferencePipeline"]: BatchedInferencePipeline}
+        replacements = {
+            WhisperModel: DropInWhisperModel,
+            ORIGINALS["BatchedInferencePipeline"]: BatchedInferencePipeline,
+        }
         for module in list(sys.modules.values()):
             if module is None or getattr(module, "__name__", "").startswith("ct2_flash"):
                 continue  # ct2-flash's own modules keep faster-whisper's classes: they build on them
@@ -208,13 +239,20 @@ def _replacement(replacements: Dict[type, type], value: object) -> Optional[type
 def _warn_subclasses() -> None:
     """One warning naming the program's classes derived from faster-whisper's before install()."""
     ours = {FlashWhisperModel, DropInWhisperModel, BatchedInferencePipeline}
-    derived = [cls for original in ORIGINALS.values() for cls in original.__subclasses__()
-               if cls not in ours and not cls.__module__.startswith("ct2_flash")]
+    derived = [
+        cls
+        for original in ORIGINALS.values()
+        for cls in original.__subclasses__()
+        if cls not in ours and not cls.__module__.startswith("ct2_flash")
+    ]
     if derived:
         names = ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in derived)
-        logger.warning("ct2-flash: %s derive(s) from faster-whisper's classes and was defined before ct2-flash was "
-                       "installed, so its models decode without ct2-flash; install it before that module is "
-                       "imported (ct2-flash run, or ct2_flash.install() first)", names)
+        logger.warning(
+            "ct2-flash: %s derive(s) from faster-whisper's classes and was defined before ct2-flash was "
+            "installed, so its models decode without ct2-flash; install it before that module is "
+            "imported (ct2-flash run, or ct2_flash.install() first)",
+            names,
+        )
 
 
 def uninstall() -> None:
@@ -248,8 +286,18 @@ def stats() -> Dict[str, Any]:
         entry = {"model": name, "compute_type": compute_type, "tokens_per_target_call": counters.tokens_per_call}
         entry.update({key: value for key, value in asdict(counters).items() if key != "calibration"})
         rows.append(entry)
-    total = {key: sum(row[key] for row in rows) for key in ("generate_calls", "generate_rows", "fallback_calls",
-                                                             "target_calls", "emitted", "proposed", "accepted")}
+    total = {
+        key: sum(row[key] for row in rows)
+        for key in (
+            "generate_calls",
+            "generate_rows",
+            "fallback_calls",
+            "target_calls",
+            "emitted",
+            "proposed",
+            "accepted",
+        )
+    }
     return {
         "models": rows,
         "speculative_rows": total["generate_calls"],

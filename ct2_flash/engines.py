@@ -43,7 +43,9 @@ class Engines:
         generate_calls: engine ("stock", "patched") -> ``generate()`` calls it served.
     """
 
-    def __init__(self, model, stock: Optional[StockEngine] = None, engine_router: Optional[EngineRouter] = None) -> None:
+    def __init__(
+        self, model, stock: Optional[StockEngine] = None, engine_router: Optional[EngineRouter] = None
+    ) -> None:
         self.model = model
         self.stock = stock
         self.engine_router = engine_router or EngineRouter()
@@ -126,8 +128,9 @@ class Engines:
                 return self.stock.align(features, start_sequence, text_tokens, num_frames, median_filter_width)
             except StockUnavailable as error:
                 self._failed(error)
-        return self.model.align(self.local(features), start_sequence, text_tokens, num_frames,
-                                median_filter_width=median_filter_width)
+        return self.model.align(
+            self.local(features), start_sequence, text_tokens, num_frames, median_filter_width=median_filter_width
+        )
 
     def _served(self, engine: str, measured: bool, rows: int, seconds: float, results) -> None:
         tokens = produced_tokens(results)
@@ -146,6 +149,8 @@ class Engines:
         # The message only: a log record holding the exception would keep its frames, and the
         # model in them, alive.
         (logger.info if self._warned else logger.warning)(
-            "ct2-flash: %s; the patched runtime serves this call%s", str(error),
-            "" if self.stock_active else " and every later one")
+            "ct2-flash: %s; the patched runtime serves this call%s",
+            str(error),
+            "" if self.stock_active else " and every later one",
+        )
         self._warned = True

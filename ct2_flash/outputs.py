@@ -24,8 +24,10 @@ def to_txt(segments: Sequence, info) -> str:
 
 
 def to_srt(segments: Sequence, info) -> str:
-    blocks = [f"{i}\n{timestamp(s.start, ',')} --> {timestamp(s.end, ',')}\n{s.text.strip()}\n"
-              for i, s in enumerate(segments, start=1)]
+    blocks = [
+        f"{i}\n{timestamp(s.start, ',')} --> {timestamp(s.end, ',')}\n{s.text.strip()}\n"
+        for i, s in enumerate(segments, start=1)
+    ]
     return "\n".join(blocks)
 
 
@@ -36,17 +38,29 @@ def to_vtt(segments: Sequence, info) -> str:
 
 def to_json(segments: Sequence, info) -> str:
     def words(segment) -> List[dict]:
-        return [{"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
-                for w in segment.words or ()]
+        return [
+            {"start": w.start, "end": w.end, "word": w.word, "probability": w.probability} for w in segment.words or ()
+        ]
 
     document = {
         "text": "".join(s.text for s in segments).strip(),
         "language": info.language,
         "duration": info.duration,
-        "segments": [{"id": s.id, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens),
-                      "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-                      "no_speech_prob": s.no_speech_prob, "temperature": s.temperature,
-                      **({"words": words(s)} if s.words else {})} for s in segments],
+        "segments": [
+            {
+                "id": s.id,
+                "start": s.start,
+                "end": s.end,
+                "text": s.text,
+                "tokens": list(s.tokens),
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
+                "no_speech_prob": s.no_speech_prob,
+                "temperature": s.temperature,
+                **({"words": words(s)} if s.words else {}),
+            }
+            for s in segments
+        ],
     }
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
@@ -59,8 +73,9 @@ def output_paths(output_dir: str, stem: str, formats: Sequence[str]) -> List[str
     return [os.path.join(output_dir, *stem.split("/")[:-1], f"{stem.split('/')[-1]}.{name}") for name in formats]
 
 
-def write_outputs(segments: Sequence, info, audio_path: str, output_dir: str, formats: Sequence[str],
-                  stem: Optional[str] = None) -> List[str]:
+def write_outputs(
+    segments: Sequence, info, audio_path: str, output_dir: str, formats: Sequence[str], stem: Optional[str] = None
+) -> List[str]:
     """Write ``<output_dir>/<stem>.<format>`` for each format (``stem``: the audio file's name
     without its extension unless given); returns the paths.
 

@@ -57,8 +57,15 @@ GREEDY_DEFAULTS: Dict[str, Any] = {
     "return_logits_vocab": False,
 }
 # generate() options the loop implements (``DecodingOptions``), and those it reads as they are.
-LOOP_OPTIONS = ("max_length", "suppress_blank", "max_initial_timestamp_index", "length_penalty",
-                "sampling_topk", "sampling_temperature", "num_hypotheses")
+LOOP_OPTIONS = (
+    "max_length",
+    "suppress_blank",
+    "max_initial_timestamp_index",
+    "length_penalty",
+    "sampling_topk",
+    "sampling_temperature",
+    "num_hypotheses",
+)
 _PASSED_OPTIONS = ("beam_size", "patience", "suppress_tokens", "return_scores", "return_no_speech_prob")
 
 
@@ -73,7 +80,9 @@ def inexact_reason(compute_type: str, near_exact: bool, device: str = "cpu") -> 
         return f"on {device} the loop's exactness is not established, so the loop would not be exact"
     if compute_type == EXACT_COMPUTE_TYPE:
         return None
-    return f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
+    return (
+        f"at {compute_type} a multi-token pass is not the computation generate() makes, so the loop would not be exact"
+    )
 
 
 def ineligible_reason(prompts, options: Mapping[str, Any]) -> Optional[str]:
@@ -103,6 +112,7 @@ def decoding_options(options: Mapping[str, Any]) -> DecodingOptions:
         suppress_tokens=tuple(int(t) for t in options.get("suppress_tokens", (-1,))),
         **{name: options[name] for name in LOOP_OPTIONS if name in options},
     )
+
 
 FIRST_PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 64
@@ -189,8 +199,14 @@ class CallRouter:
         key = "speculative" if speculative else batch_size
         previous = self._running.get(key)
         tokens = max(tokens, 1)
-        running = (seconds, tokens) if previous is None else (
-            (1 - SMOOTHING) * previous[0] + SMOOTHING * seconds, (1 - SMOOTHING) * previous[1] + SMOOTHING * tokens)
+        running = (
+            (seconds, tokens)
+            if previous is None
+            else (
+                (1 - SMOOTHING) * previous[0] + SMOOTHING * seconds,
+                (1 - SMOOTHING) * previous[1] + SMOOTHING * tokens,
+            )
+        )
         self._running[key] = running
         if speculative:
             self.loop_calls += 1
@@ -239,8 +255,11 @@ class RedecodeRouters:
         router = self._routers.get(key)
         if router is None:
             router = self._routers[key] = CallRouter(
-                loop_first=REDECODE_LOOP_FIRST, min_probe_interval=REDECODE_MIN_PROBE_INTERVAL,
-                probe_interval=REDECODE_MIN_PROBE_INTERVAL, next_probe=REDECODE_MIN_PROBE_INTERVAL)
+                loop_first=REDECODE_LOOP_FIRST,
+                min_probe_interval=REDECODE_MIN_PROBE_INTERVAL,
+                probe_interval=REDECODE_MIN_PROBE_INTERVAL,
+                next_probe=REDECODE_MIN_PROBE_INTERVAL,
+            )
         return router
 
     @property
@@ -302,8 +321,15 @@ class CallRoutes:
         key = (options.sampling_temperature, options.sampling_topk)
         return self.sampling.setdefault(key, CallRouter())
 
-    def route(self, prompts, options: Mapping[str, Any], standing: Optional[str],
-              recall: Callable[[], Optional[Sequence[int]]], ask_router: bool, seeded: bool) -> Route:
+    def route(
+        self,
+        prompts,
+        options: Mapping[str, Any],
+        standing: Optional[str],
+        recall: Callable[[], Optional[Sequence[int]]],
+        ask_router: bool,
+        seeded: bool,
+    ) -> Route:
         """The route of ``generate(features, prompts, **options)``, but for its engine outside
         the loop (``SpeculativeWhisper.route`` adds that).
 
@@ -325,8 +351,9 @@ class CallRoutes:
         router = self.router_for(checked, previous)
         wait = checked.sampling and seeded
         loop = router.speculate(len(prompts)) if ask_router and not wait else True
-        return Route(options=checked, previous=None if previous is None else tuple(previous), router=router,
-                     loop=loop, wait=wait)
+        return Route(
+            options=checked, previous=None if previous is None else tuple(previous), router=router, loop=loop, wait=wait
+        )
 
 
 @dataclass

@@ -78,11 +78,16 @@ def find_program(command: Sequence[str]) -> Program:
     name = command[0]
     # A console script of this environment first (a venv's ct2-flash run without the venv
     # activated), then PATH.
-    path = name if os.sep in name or os.path.isfile(name) else (
-        shutil.which(name, path=sysconfig.get_path("scripts")) or shutil.which(name))
+    path = (
+        name
+        if os.sep in name or os.path.isfile(name)
+        else (shutil.which(name, path=sysconfig.get_path("scripts")) or shutil.which(name))
+    )
     if path is None or not os.path.isfile(path):
-        raise ProgramError(f"program {name!r} not found (not a file, and not a command on PATH): install it in this "
-                           f"Python environment ({sys.prefix}) or give its path")
+        raise ProgramError(
+            f"program {name!r} not found (not a file, and not a command on PATH): install it in this "
+            f"Python environment ({sys.prefix}) or give its path"
+        )
     _check_python(name, path)
     return Program(None, os.path.abspath(path), [path, *command[1:]])
 
@@ -98,18 +103,22 @@ def _check_python(name: str, path: str) -> None:
     except OSError as error:
         raise ProgramError(f"cannot read program {name!r} ({path}): {error}") from None
     if not first.startswith(b"#!") or b"python" not in first:
-        raise ProgramError(f"{name!r} ({path}) is not a Python program: ct2-flash run runs Python programs (a console "
-                           "script, -m MODULE or a .py file), where it can replace faster_whisper.WhisperModel; "
-                           "for a program started another way, use CT2_FLASH=1 with ct2-flash hook install")
+        raise ProgramError(
+            f"{name!r} ({path}) is not a Python program: ct2-flash run runs Python programs (a console "
+            "script, -m MODULE or a .py file), where it can replace faster_whisper.WhisperModel; "
+            "for a program started another way, use CT2_FLASH=1 with ct2-flash hook install"
+        )
     words = first[2:].decode("utf-8", "replace").split()
     interpreter = words[0] if words else ""
     if os.path.basename(interpreter) == "env" or not os.path.isabs(interpreter):
         return  # '#!/usr/bin/env python': whichever Python runs it; this one does
     environment = os.path.realpath(os.path.dirname(os.path.dirname(interpreter)))
     if environment != os.path.realpath(sys.prefix):
-        raise ProgramError(f"{name!r} belongs to the Python environment at {environment}, not to ct2-flash's "
-                           f"({sys.prefix}): its packages are not importable here. Install ct2-flash into that "
-                           f"environment and use its ct2-flash, or install {name!r} into this one")
+        raise ProgramError(
+            f"{name!r} belongs to the Python environment at {environment}, not to ct2-flash's "
+            f"({sys.prefix}): its packages are not importable here. Install ct2-flash into that "
+            f"environment and use its ct2-flash, or install {name!r} into this one"
+        )
 
 
 def run(program: Program, stats_path: Optional[str] = None) -> int:

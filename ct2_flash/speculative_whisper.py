@@ -22,8 +22,16 @@ from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.engines import Engines
 from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
-from ct2_flash.routing import (BEAM_SEARCH, EXACT_COMPUTE_TYPE, UNOPENED_DRAFTER, CallRouter, CallRoutes, Route,
-                               inexact_reason, produced_tokens)
+from ct2_flash.routing import (
+    BEAM_SEARCH,
+    EXACT_COMPUTE_TYPE,
+    UNOPENED_DRAFTER,
+    CallRouter,
+    CallRoutes,
+    Route,
+    inexact_reason,
+    produced_tokens,
+)
 from ct2_flash.runtime.clock import Stopwatch
 from ct2_flash.runtime.decoding import SpeculativeDecoder
 from ct2_flash.runtime.stats import SpecStats
@@ -51,9 +59,11 @@ def longest_plausible(audio_frames: int) -> int:
 
 
 _BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy decoding)"
-_INEXACT_HINT = (" (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
-                 "most windows but not all: docs/exactness.md)")
-_DEVICE_HINT = " (near_exact=True runs the loop anyway: docs/usage.md, \"On a GPU\")"
+_INEXACT_HINT = (
+    " (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
+    "most windows but not all: docs/exactness.md)"
+)
+_DEVICE_HINT = ' (near_exact=True runs the loop anyway: docs/usage.md, "On a GPU")'
 
 
 @dataclass(eq=False)
@@ -117,9 +127,16 @@ class SpeculativeWhisper:
     under a lock.
     """
 
-    def __init__(self, model, decoder: SpeculativeDecoder, vocabulary: Sequence[str],
-                 call_router: Optional[CallRouter] = None, near_exact: bool = False,
-                 engines: Optional[Engines] = None, redecodes: bool = True) -> None:
+    def __init__(
+        self,
+        model,
+        decoder: SpeculativeDecoder,
+        vocabulary: Sequence[str],
+        call_router: Optional[CallRouter] = None,
+        near_exact: bool = False,
+        engines: Optional[Engines] = None,
+        redecodes: bool = True,
+    ) -> None:
         self._model = model
         self.decoder = decoder
         # Where encoder outputs and the calls outside the loop run (stock engine or patched).
@@ -180,9 +197,13 @@ class SpeculativeWhisper:
         fingerprint = window.fingerprint
         with self._counting:
             route = self.routes.route(
-                prompts, kwargs, standing,
+                prompts,
+                kwargs,
+                standing,
                 recall=lambda: None if fingerprint is None else self.recent.recall(fingerprint),
-                ask_router=self.decoder.adaptive.route_calls, seeded=self.decoder.seeded)
+                ask_router=self.decoder.adaptive.route_calls,
+                seeded=self.decoder.seeded,
+            )
         if route.loop:
             return route
         return replace(route, engine=self.engines.engine_for(window.output, kwargs, len(prompts)))
@@ -223,8 +244,12 @@ class SpeculativeWhisper:
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
             layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
             decoded = results[0].sequences_ids[0]
-            self.recent.remember(fingerprint, remembered_tokens(
-                decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot))
+            self.recent.remember(
+                fingerprint,
+                remembered_tokens(
+                    decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot
+                ),
+            )
         return results
 
     def _log_ineligible(self, reason: str) -> None:
@@ -311,19 +336,30 @@ class SpeculativeWhisper:
         except CheckpointError as error:
             self._unopened_drafter = drafter
             self._fallback_reasons_logged.add(UNOPENED_DRAFTER)
-            logger.warning("ct2-flash: %s (%s); using CTranslate2's own generate() for every call from now on "
-                           "(the same tokens, without speculation)", UNOPENED_DRAFTER, error)
+            logger.warning(
+                "ct2-flash: %s (%s); using CTranslate2's own generate() for every call from now on "
+                "(the same tokens, without speculation)",
+                UNOPENED_DRAFTER,
+                error,
+            )
             return False
 
     def detect_language(self, features, *args, **kwargs):
         return self.engines.detect_language(EncodedWindow.of(features).output, *args, **kwargs)
 
     def align(self, features, start_sequence, text_tokens, num_frames, median_filter_width: int = 7):
-        return self.engines.align(EncodedWindow.of(features).output, start_sequence, text_tokens, num_frames,
-                                  median_filter_width)
+        return self.engines.align(
+            EncodedWindow.of(features).output, start_sequence, text_tokens, num_frames, median_filter_width
+        )
 
-    def _speculative_rows(self, window: EncodedWindow, prompts, options: DecodingOptions, kwargs: Dict[str, Any],
-                          previous: Optional[Sequence[int]] = None) -> list:
+    def _speculative_rows(
+        self,
+        window: EncodedWindow,
+        prompts,
+        options: DecodingOptions,
+        kwargs: Dict[str, Any],
+        previous: Optional[Sequence[int]] = None,
+    ) -> list:
         """The rows of a call decoded in the loop, by a ``HypothesisDrafter`` around the model's
         drafter: it offers ``previous`` (the previous hypothesis of a one-row call's window, or
         the tokens ``generate()`` made before it stopped), and each row's own repeats."""
@@ -341,8 +377,10 @@ class SpeculativeWhisper:
             row = encoder_output if rows is None else on_device_of(rows[index : index + 1], encoder_output)
             if index == 0 and self._model.compute_type == EXACT_COMPUTE_TYPE and self._device == "cpu":
                 self.decoder.confirm_score_isa(row, prompt)  # once per process
-            decoded = [self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
-                       for _ in range(options.num_hypotheses)]
+            decoded = [
+                self.decoder.decode(row, prompt, options, audio_frames=None if frames is None else frames[index])
+                for _ in range(options.num_hypotheses)
+            ]
             # CTranslate2 returns independent samples best score first (a stable sort).
             decoded.sort(key=lambda result: -result.score)
             results.append(

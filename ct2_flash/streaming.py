@@ -67,7 +67,9 @@ class StreamOptions:
             raise ValueError(f"prompt_characters must be >= 0, got {self.prompt_characters!r}")
         reserved = {"initial_prompt", "word_timestamps", "language"} & set(self.transcribe_options)
         if reserved:
-            raise ValueError(f"the stream sets {sorted(reserved)} itself; use StreamOptions(language=...) for the language")
+            raise ValueError(
+                f"the stream sets {sorted(reserved)} itself; use StreamOptions(language=...) for the language"
+            )
 
     def transcribe_kwargs(self, prompt: str) -> Dict[str, Any]:
         kwargs: Dict[str, Any] = dict(beam_size=1, condition_on_previous_text=True)
@@ -186,9 +188,12 @@ class OnlineProcessor:
         self.iterations += 1
         segments, _ = self.model.transcribe(self._buffer, **self.options.transcribe_kwargs(self._prompt()))
         segments = list(segments)
-        words = [Word(word.start + self._offset, word.end + self._offset, word.word)
-                 for segment in segments if segment.no_speech_prob <= self.options.no_speech_threshold
-                 for word in (segment.words or ())]
+        words = [
+            Word(word.start + self._offset, word.end + self._offset, word.word)
+            for segment in segments
+            if segment.no_speech_prob <= self.options.no_speech_threshold
+            for word in (segment.words or ())
+        ]
         self._agreement.insert(words)
         committed = self._agreement.flush()
         self.committed.extend(committed)

@@ -60,9 +60,11 @@ def signature_of(original) -> Callable:
     their options from the signature (``inspect.signature(model.transcribe)``) see
     faster-whisper's parameters, as without ct2-flash.
     """
+
     def give(override: Callable) -> Callable:
         override.__signature__ = inspect.signature(original)
         return override
+
     return give
 
 
@@ -76,8 +78,11 @@ def constructor_signature(own: Callable, options: Optional[Callable] = None) -> 
     ours = [p for p in inspect.signature(options or own).parameters.values() if p.kind is Parameter.KEYWORD_ONLY]
     taken = {p.name for p in ours}
     theirs = list(inspect.signature(WhisperModel.__init__).parameters.values())
-    head = [p.replace(default=named[p.name].default) if p.name in named else p
-            for p in theirs if p.kind is not Parameter.VAR_KEYWORD and p.name not in taken]
+    head = [
+        p.replace(default=named[p.name].default) if p.name in named else p
+        for p in theirs
+        if p.kind is not Parameter.VAR_KEYWORD and p.name not in taken
+    ]
     tail = [p for p in theirs if p.kind is Parameter.VAR_KEYWORD]
     return inspect.Signature(head + ours + tail)
 
@@ -196,8 +201,9 @@ class FlashWhisperModel(WhisperModel):
     ) -> None:
         call_router = _renamed("policy", policy, "call_router", call_router)
         engine_router = _renamed("engine_policy", engine_policy, "engine_router", engine_router)
-        if decoder_threads not in (None, "auto") and (isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int)
-                                                     or decoder_threads < 1):
+        if decoder_threads not in (None, "auto") and (
+            isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 1
+        ):
             raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
         model_path = resolve_model(model_size_or_path)
         deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine)
@@ -212,7 +218,11 @@ class FlashWhisperModel(WhisperModel):
             # a constructor that raises.
             stock = self._stock_engine(model_path, args, kwargs, seed, "cpu", deferred)
             stopping = weakref.finalize(self, stock.close)
-        with deferring_loads(faster_whisper.transcribe, _deferred_build(deferred)) if deferred else contextlib.nullcontext():
+        with (
+            deferring_loads(faster_whisper.transcribe, _deferred_build(deferred))
+            if deferred
+            else contextlib.nullcontext()
+        ):
             super().__init__(model_path, *args, **kwargs)
         special, vocabulary = load_vocabulary(model_path)
         # Where the loop never runs (int8 without near_exact, a GPU), no second model for it, and
@@ -242,8 +252,16 @@ class FlashWhisperModel(WhisperModel):
             guard_margin = FLOAT32_GUARD if runtime.model.compute_type == "float32" else QUANTIZED_GUARD
         if seed is not None:
             ctranslate2.set_random_seed(seed)
-        decoder = SpeculativeDecoder(runtime, drafter, num_draft_tokens, SpecStats(), adaptive=adaptive,
-                                     guard_margin=guard_margin, seed=seed, draw_drafts=draw_drafts)
+        decoder = SpeculativeDecoder(
+            runtime,
+            drafter,
+            num_draft_tokens,
+            SpecStats(),
+            adaptive=adaptive,
+            guard_margin=guard_margin,
+            seed=seed,
+            draw_drafts=draw_drafts,
+        )
         if stock is None and stock_engine:
             stock = self._stock_engine(model_path, args, kwargs, seed, self.model.device, self.model.compute_type)
         engines = Engines(self.model, stock, engine_router)
@@ -268,19 +286,31 @@ class FlashWhisperModel(WhisperModel):
             saved = CT2ModelFile(model_path).weight_dtypes()
         except ModelFileError:
             return None  # the runtime's own load raises faster-whisper's error for these files
-        return deferred_compute_type(options["device"], options["device_index"], options["compute_type"], saved,
-                                     ctranslate2.get_supported_compute_types, ctranslate2.get_cuda_device_count)
+        return deferred_compute_type(
+            options["device"],
+            options["device_index"],
+            options["compute_type"],
+            saved,
+            ctranslate2.get_supported_compute_types,
+            ctranslate2.get_cuda_device_count,
+        )
 
-    def _stock_engine(self, model_path: str, args, kwargs, seed: Optional[int], device: str,
-                      compute_type: str) -> Optional[StockEngine]:
+    def _stock_engine(
+        self, model_path: str, args, kwargs, seed: Optional[int], device: str, compute_type: str
+    ) -> Optional[StockEngine]:
         """The worker on stock ctranslate2, with this model's compute type and threads (CPU
         only: the measured penalty is the patched runtime's CPU kernels)."""
         if device != "cpu":
             logger.info("ct2-flash: stock_engine only applies on CPU; the %s model serves every call", device)
             return None
         bound = inspect.signature(WhisperModel.__init__).bind(self, model_path, *args, **kwargs).arguments
-        engine = StockEngine(model_path, compute_type, intra_threads=bound.get("cpu_threads", 0),
-                             inter_threads=bound.get("num_workers", 1), seed=seed)
+        engine = StockEngine(
+            model_path,
+            compute_type,
+            intra_threads=bound.get("cpu_threads", 0),
+            inter_threads=bound.get("num_workers", 1),
+            seed=seed,
+        )
         # It loads its model while the caller gets its audio ready: the first call does not wait
         # a whole start (about a second for tiny.en).
         engine.start()
@@ -299,15 +329,19 @@ class FlashWhisperModel(WhisperModel):
         if self.model.device != "cpu":
             logger.info("ct2-flash: decoder_threads only applies on CPU; the %s model decodes", self.model.device)
             return self.model
-        copy = ctranslate2.models.Whisper(model_path, device="cpu", compute_type=self.model.compute_type,
-                                          intra_threads=threads)
+        copy = ctranslate2.models.Whisper(
+            model_path, device="cpu", compute_type=self.model.compute_type, intra_threads=threads
+        )
         if not auto:
             return copy
         # Whether one thread runs the loop's passes faster than cpu_threads depends on the CPU.
         self.decoder_split = measure_split(self.model, copy, width)
-        logger.info("ct2-flash: a 9-row verification takes %.1f ms on cpu_threads, %.1f ms on one thread: the loop "
-                    "uses %s", self.decoder_split.shared_ms, self.decoder_split.one_thread_ms,
-                    "a one-thread copy" if self.decoder_split.split else "the encoder's model")
+        logger.info(
+            "ct2-flash: a 9-row verification takes %.1f ms on cpu_threads, %.1f ms on one thread: the loop uses %s",
+            self.decoder_split.shared_ms,
+            self.decoder_split.one_thread_ms,
+            "a one-thread copy" if self.decoder_split.split else "the encoder's model",
+        )
         return copy if self.decoder_split.split else self.model
 
     @signature_of(WhisperModel.transcribe)
@@ -346,9 +380,13 @@ class FlashWhisperModel(WhisperModel):
         ``generate()``, alignment): plain greedy on it is the output ct2-flash must equal."""
         return self.model._model
 
-    def use_drafter(self, drafter: Drafter, adaptive: Union[bool, Adaptive] = False,
-                    num_draft_tokens: Optional[int] = None,
-                    lengths: Optional[DraftLengths] = None) -> ContextManager[Drafter]:
+    def use_drafter(
+        self,
+        drafter: Drafter,
+        adaptive: Union[bool, Adaptive] = False,
+        num_draft_tokens: Optional[int] = None,
+        lengths: Optional[DraftLengths] = None,
+    ) -> ContextManager[Drafter]:
         """Decode with ``drafter`` inside the block, then restore the model's own
         (``SpeculativeDecoder.use_drafter``: the vocabulary and K are checked; ``lengths``, a
         draft-length policy for the block).
@@ -395,13 +433,15 @@ def _renamed(old: str, old_value, new: str, value):
         return value
     if value is not None:
         raise TypeError(f"FlashWhisperModel() got both {old}= and {new}=; pass {new}= only")
-    warnings.warn(f"FlashWhisperModel({old}=...) is now {new}=...; {old}= will be removed", DeprecationWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"FlashWhisperModel({old}=...) is now {new}=...; {old}= will be removed", DeprecationWarning, stacklevel=3
+    )
     return old_value
 
 
-def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.en",
-                 compute_type: Optional[str] = None) -> Drafter:
+def load_drafter(
+    drafter: Union[Drafter, str, None] = None, model: str = "tiny.en", compute_type: Optional[str] = None
+) -> Drafter:
     """The drafter ``FlashWhisperModel(model, drafter=drafter)`` would decode with.
 
     Args:
@@ -420,8 +460,9 @@ def load_drafter(drafter: Union[Drafter, str, None] = None, model: str = "tiny.e
     return _resolve_drafter(drafter, model, resolve_model(model), compute_type)
 
 
-def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: str,
-                     compute_type: Optional[str] = None) -> Drafter:
+def _resolve_drafter(
+    drafter: Union[Drafter, str, None], name: str, model_path: str, compute_type: Optional[str] = None
+) -> Drafter:
     """A Drafter from what the user passed (see ``FlashWhisperModel``)."""
     if isinstance(drafter, Drafter):
         return drafter
@@ -432,7 +473,9 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
             return PromptLookupDrafter()
         drafter = shipped
     if not isinstance(drafter, str):
-        raise TypeError(f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}")
+        raise TypeError(
+            f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}"
+        )
     # Here: ONNX Runtime loads only for a model that has a drafter directory.
     from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
 
@@ -446,11 +489,17 @@ def _resolve_drafter(drafter: Union[Drafter, str, None], name: str, model_path: 
     try:
         from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
     except ImportError:
-        raise CheckpointError(f"drafter {drafter!r} has no exported graphs and PyTorch is not installed to run it "
-                              f"as a checkpoint; convert it with: ct2-flash convert-drafter {drafter} OUT "
-                              f"(pip install 'ct2-flash[train]')") from None
-    logger.warning("ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
-                   "convert it with: ct2-flash convert-drafter %s OUT", drafter, drafter)
+        raise CheckpointError(
+            f"drafter {drafter!r} has no exported graphs and PyTorch is not installed to run it "
+            f"as a checkpoint; convert it with: ct2-flash convert-drafter {drafter} OUT "
+            f"(pip install 'ct2-flash[train]')"
+        ) from None
+    logger.warning(
+        "ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
+        "convert it with: ct2-flash convert-drafter %s OUT",
+        drafter,
+        drafter,
+    )
     return FlashDrafter(load_checkpoint(drafter, model_path))
 
 
@@ -458,6 +507,7 @@ def _deferred_build(resolved: str) -> Callable:
     """What builds faster-whisper's model in its constructor, with ``ctranslate2.models.Whisper``'s
     parameters: a ``DeferredWhisper`` at the ``resolved`` compute type (its files were read by
     ``_deferred_compute_type``)."""
+
     def build(path, device="cpu", device_index=0, compute_type="default", files=None, **loader_options):
         return DeferredWhisper(ctranslate2.models.Whisper, path, resolved, **loader_options)
 

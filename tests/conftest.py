@@ -43,6 +43,7 @@ def pytest_make_collect_report(collector):
         report.outcome = "failed"
         report.longrepr = f"skipped at collection in CI ({reason}): a test dependency is missing from the install"
 
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CLIP_PATHS = sorted(glob.glob(os.path.join(DATA, "clip*.ogg")))
 LONG_PATH = os.path.join(DATA, "long_multi_voice.ogg")

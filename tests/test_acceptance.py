@@ -61,12 +61,16 @@ def assert_distributed_as(counts: np.ndarray, expected: np.ndarray) -> None:
 
 def target(prefix) -> np.ndarray:
     """A scripted target: the next-token distribution depends on the previous token."""
-    table = np.array([[0.40, 0.25, 0.15, 0.10, 0.05, 0.05],
-                      [0.05, 0.05, 0.60, 0.10, 0.10, 0.10],
-                      [0.30, 0.00, 0.30, 0.00, 0.20, 0.20],
-                      [0.10, 0.20, 0.30, 0.25, 0.15, 0.00],
-                      [0.00, 0.50, 0.00, 0.50, 0.00, 0.00],
-                      [1 / 6] * 6])  # after end-of-text: drafts may run on, nothing is kept
+    table = np.array(
+        [
+            [0.40, 0.25, 0.15, 0.10, 0.05, 0.05],
+            [0.05, 0.05, 0.60, 0.10, 0.10, 0.10],
+            [0.30, 0.00, 0.30, 0.00, 0.20, 0.20],
+            [0.10, 0.20, 0.30, 0.25, 0.15, 0.00],
+            [0.00, 0.50, 0.00, 0.50, 0.00, 0.00],
+            [1 / 6] * 6,
+        ]
+    )  # after end-of-text: drafts may run on, nothing is kept
     return table[prefix[-1] if prefix else 0]
 
 
@@ -93,8 +97,9 @@ def sample_prefix(drafter, length: int, k: int, rng: np.random.Generator) -> tup
                 q = drafter(prefix)
                 drafts.append(draw(q, rng.random()))
                 rows.append(q)
-        outcome = sample_accept(drafts, lambda j: target(out + drafts[:j]), lambda j: rows[j],
-                                lambda j: tuple(rng.random(2)), SAMPLING_EOT)
+        outcome = sample_accept(
+            drafts, lambda j: target(out + drafts[:j]), lambda j: rows[j], lambda j: tuple(rng.random(2)), SAMPLING_EOT
+        )
         out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])
     return tuple(out[:length])
 
@@ -124,8 +129,9 @@ def test_rejection_draws_from_the_residual_and_draw_follows_weights():
     # q puts all its mass on the draft (token 0), p only half: kept half of the time, and when
     # rejected the recovered token comes from max(0, p - q), which is all on token 1.
     q = np.array([1.0, 0, 0, 0, 0, 0])
-    outcomes = [sample_accept([0], lambda j: p, lambda j: q, lambda j: tuple(rng.random(2)), SAMPLING_EOT)
-                for _ in range(400)]
+    outcomes = [
+        sample_accept([0], lambda j: p, lambda j: q, lambda j: tuple(rng.random(2)), SAMPLING_EOT) for _ in range(400)
+    ]
     rejected = [o.next_token for o in outcomes if o.accepted == 0]
     assert set(rejected) == {1} and 150 < len(rejected) < 250
     counts = np.bincount([draw(np.array([0.0, 3.0, 1.0, 0.0]), rng.random()) for _ in range(8000)], minlength=4)
@@ -133,7 +139,9 @@ def test_rejection_draws_from_the_residual_and_draw_follows_weights():
     # An accepted end-of-text ends the block with no bonus token.
     eot_sure = np.eye(VOCAB)[SAMPLING_EOT]
     for rows in (lambda j: eot_sure, lambda j: None):
-        outcome = sample_accept([SAMPLING_EOT, 1], lambda j: eot_sure, rows, lambda j: tuple(rng.random(2)), SAMPLING_EOT)
+        outcome = sample_accept(
+            [SAMPLING_EOT, 1], lambda j: eot_sure, rows, lambda j: tuple(rng.random(2)), SAMPLING_EOT
+        )
         assert (outcome.accepted, outcome.next_token) == (1, None)
 
 
@@ -152,8 +160,13 @@ def test_with_drafts_proposed_outright_the_output_is_plain_sampling_with_the_sam
         while len(out) < len(plain) and (not out or out[-1] != SAMPLING_EOT):
             drafts = [int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(0, 4)))]
             start = len(out)
-            outcome = sample_accept(drafts, lambda j: target(out + drafts[:j]), lambda j: None,
-                                    lambda j: tuple(fixed[start + j]), SAMPLING_EOT)
+            outcome = sample_accept(
+                drafts,
+                lambda j: target(out + drafts[:j]),
+                lambda j: None,
+                lambda j: tuple(fixed[start + j]),
+                SAMPLING_EOT,
+            )
             out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])
         assert out[: len(plain)] == plain
 
@@ -161,8 +174,7 @@ def test_with_drafts_proposed_outright_the_output_is_plain_sampling_with_the_sam
 # The guard's margins on synthetic rows: every decision a row makes under the logit rules (the
 # best text token against the next, the best timestamp against the next, the timestamp mass
 # against the best text token) is measured, and a row closer than the threshold is unsure.
-_SPECIAL = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362,
-                         vocab_size=51864)
+_SPECIAL = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, vocab_size=51864)
 _TS = _SPECIAL.timestamp_begin
 _FLOOR = -30.0  # low enough that the 1,501 timestamp columns add no mass
 
@@ -198,8 +210,14 @@ def _mass_at(text_best: float, gap: float) -> dict:
     ],
 )
 def test_guard_margins_cover_every_decision_of_a_row(name, timestamps, first, draft, unsure, margin):
-    rules = LogitRules(special=_SPECIAL, suppress_ids=(), suppress_begin_ids=(), timestamps=timestamps,
-                       max_initial_timestamp_id=_TS + 50, sample_begin=0)
+    rules = LogitRules(
+        special=_SPECIAL,
+        suppress_ids=(),
+        suppress_begin_ids=(),
+        timestamps=timestamps,
+        max_initial_timestamp_id=_TS + 50,
+        sample_begin=0,
+    )
     # After a timestamp and a word: the mass rule applies, timestamps after <|0.00|> are allowed.
     generated = [_TS, 290] if timestamps else [290]
     # After a lone timestamp only a later one may follow: the bonus row's clear choice.

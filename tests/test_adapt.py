@@ -109,8 +109,9 @@ def test_nothing_usable_is_an_error_before_training(tmp_path, user_folder):
 
 
 @pytest.mark.slow  # 40 s: three clips through every step twice, and the schedule once more
-def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_schedule(tmp_path, user_folder, model_path,
-                                                                                    clips, monkeypatch):
+def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_schedule(
+    tmp_path, user_folder, model_path, clips, monkeypatch
+):
     """A few updates on two clips, one held out: the report, the exported drafter, the checks
     at load, the float32 loop's identity with it, and a killed run resumed."""
     from ct2_flash import FlashWhisperModel
@@ -141,8 +142,9 @@ def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_sched
         resumed = json.load(stream)
     # The same schedule from scratch, uninterrupted: the same losses.
     config = fit_module.FitConfig(**resumed["fit_config"])
-    straight = fit_module.fit(work, str(tmp_path / "straight"), config, model_name=model_path,
-                              init_from=report["start"], progress=False)
+    straight = fit_module.fit(
+        work, str(tmp_path / "straight"), config, model_name=model_path, init_from=report["start"], progress=False
+    )
     np.testing.assert_allclose(resumed["losses"], straight["losses"], rtol=1e-5)
     assert len(resumed["losses"]) == 12
 
@@ -152,14 +154,27 @@ def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_sched
     assert every["adapted"]["mean_accepted_length"] >= every["start"]["mean_accepted_length"]
     assert report["held_out"]["defaults"]["identical"] == report["held_out"]["defaults"]["greedy_files"] == 1
     assert any("same tokens on 1/1 files decoded greedily" in line for line in summary_lines(report))
-    assert set(os.listdir(out)) >= {"adapt_report.json", "adapt_report.png", "adapted.json", "drafter.json",
-                                    "export.json", "propose.onnx"}
+    assert set(os.listdir(out)) >= {
+        "adapt_report.json",
+        "adapt_report.png",
+        "adapted.json",
+        "drafter.json",
+        "export.json",
+        "propose.onnx",
+    }
     with pytest.raises(FileExistsError, match="--force"):
         adapt([str(user_folder / "calls")], out, options, progress=False)
 
     # Loads for its model and compute type, refused at another; exact in the float32 loop.
-    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=2, drafter=out, stock_engine=False,
-                              adaptive=False, redecodes=False)
+    flash = FlashWhisperModel(
+        model_path,
+        compute_type="float32",
+        cpu_threads=2,
+        drafter=out,
+        stock_engine=False,
+        adaptive=False,
+        redecodes=False,
+    )
     with pytest.raises(DrafterMismatchError, match="compute type 'float32'"):
         FlashWhisperModel(model_path, compute_type="int8", cpu_threads=2, drafter=out, stock_engine=False)
     from faster_whisper import WhisperModel
@@ -175,8 +190,9 @@ def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_sched
         records = [json.loads(line) for line in stream]
     assert len(records) == 3
     for record in records:
-        segments, _ = baseline.transcribe(source[record["id"]], beam_size=1, temperature=0.0,
-                                          without_timestamps=not record["timestamps"])
+        segments, _ = baseline.transcribe(
+            source[record["id"]], beam_size=1, temperature=0.0, without_timestamps=not record["timestamps"]
+        )
         assert record["hypothesis"] == "".join(s.text for s in segments).strip()
 
 

@@ -9,19 +9,32 @@ import sys
 
 import pytest
 
-from ct2_flash.stock.allocator import GLIBC_DEFAULT, GLIBC_SETTINGS, Allocator, find_tcmalloc, loaded_allocator, tuned_allocator
+from ct2_flash.stock.allocator import (
+    GLIBC_DEFAULT,
+    GLIBC_SETTINGS,
+    Allocator,
+    find_tcmalloc,
+    loaded_allocator,
+    tuned_allocator,
+)
 
 # .ci/run installs Debian's libgoogle-perftools4; elsewhere these tests skip (and fail in CI).
-needs_tcmalloc = pytest.mark.skipif(find_tcmalloc() is None, reason="tcmalloc is not installed "
-                                    "(apt-get install libgoogle-perftools4)")
+needs_tcmalloc = pytest.mark.skipif(
+    find_tcmalloc() is None, reason="tcmalloc is not installed (apt-get install libgoogle-perftools4)"
+)
 
 # A child that says it is up (its libraries loaded), then lives until its stdin closes.
 _WAIT = "import sys; print('up', flush=True); sys.stdin.read()"
 
 
 def _maps_of_child(environment: dict) -> str:
-    child = subprocess.Popen([sys.executable, "-c", _WAIT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, env=environment)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WAIT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=environment,
+    )
     try:
         assert child.stdout.readline() == b"up\n"
         return loaded_allocator(child.pid)
@@ -46,7 +59,7 @@ def test_without_tcmalloc_the_tuned_setting_is_glibcs_variables(monkeypatch, tmp
 
 def test_a_process_without_a_preload_runs_glibc():
     assert _maps_of_child(dict(os.environ, LD_PRELOAD="")) == "glibc"
-    assert loaded_allocator(2 ** 22 + 12345) == "unknown"  # no such process
+    assert loaded_allocator(2**22 + 12345) == "unknown"  # no such process
 
 
 @needs_tcmalloc

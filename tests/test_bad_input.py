@@ -35,7 +35,9 @@ def test_unreadable_and_missing_files_raise_clearly(float32_pair, tmp_path):
     whole = open(os.path.join(ROOT, "tests", "data", "clip01_slt.ogg"), "rb").read()
     cut = tmp_path / "cut.ogg"
     cut.write_bytes(whole[: len(whole) // 2])
-    assert segments_of(float32_pair.flash, str(cut), beam_size=1) == segments_of(float32_pair.baseline, str(cut), beam_size=1)
+    assert segments_of(float32_pair.flash, str(cut), beam_size=1) == segments_of(
+        float32_pair.baseline, str(cut), beam_size=1
+    )
 
 
 def test_an_unreadable_file_raises_what_faster_whisper_raises_too(float32_pair, tmp_path):
@@ -73,13 +75,16 @@ def test_pyav_errors_of_the_os_family_stay_what_they_are():
     assert isinstance(invalid, AudioError) and isinstance(invalid, av.error.InvalidDataError)
 
 
-@pytest.mark.parametrize("name, make, message", [
-    ("nan", lambda a: np.where(np.arange(a.size) == 100, np.nan, a).astype(np.float32), "1 NaN or infinite"),
-    ("inf", lambda a: np.where(np.arange(a.size) % 1000 == 0, np.inf, a).astype(np.float32), "NaN or infinite"),
-    ("stereo", lambda a: np.stack([a, a]), "1-D mono.*shape \\(2,"),
-    ("int16", lambda a: (a * 32767).astype(np.int16), "dtype int16.*32768"),
-    ("complex", lambda a: a.astype(np.complex64), "dtype complex64"),
-])
+@pytest.mark.parametrize(
+    "name, make, message",
+    [
+        ("nan", lambda a: np.where(np.arange(a.size) == 100, np.nan, a).astype(np.float32), "1 NaN or infinite"),
+        ("inf", lambda a: np.where(np.arange(a.size) % 1000 == 0, np.inf, a).astype(np.float32), "NaN or infinite"),
+        ("stereo", lambda a: np.stack([a, a]), "1-D mono.*shape \\(2,"),
+        ("int16", lambda a: (a * 32767).astype(np.int16), "dtype int16.*32768"),
+        ("complex", lambda a: a.astype(np.complex64), "dtype complex64"),
+    ],
+)
 def test_bad_waveforms_raise_before_decoding_and_the_model_stays_usable(pair, clips, name, make, message):
     """Input faster-whisper turns into an engine error (NaN at int8), an ONNX error (2-D) or
     nonsense (int16 read as floats): one ``AudioError`` naming it, nothing decoded, and the
@@ -105,8 +110,11 @@ def test_batched_pipeline_checks_the_audio_too(float32_pair, clips):
     nan = np.where(np.arange(audio.size) == 100, np.nan, audio).astype(np.float32)
     ours = BatchedInferencePipeline(model=float32_pair.flash)
     theirs = faster_whisper.BatchedInferencePipeline(model=float32_pair.flash)
-    for bad, message in [(nan, "1 NaN or infinite"), (np.stack([audio, audio]), "1-D mono"),
-                         ((audio * 32767).astype(np.int16), "dtype int16")]:
+    for bad, message in [
+        (nan, "1 NaN or infinite"),
+        (np.stack([audio, audio]), "1-D mono"),
+        ((audio * 32767).astype(np.int16), "dtype int16"),
+    ]:
         with pytest.raises(AudioError, match=message):
             ours.transcribe(bad, batch_size=2, beam_size=1)
     with pytest.raises(AudioError, match="log-mel features are not finite"):

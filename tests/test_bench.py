@@ -19,7 +19,16 @@ from .conftest import DATA
 
 def test_buckets_have_half_open_edges():
     assert [bucket_of(s) for s in (0.0, 4.99, 5.0, 9.99, 10.0, 19.9, 20.0, 29.99, 30.0, 94.0)] == [
-        "[0,5)", "[0,5)", "[5,10)", "[5,10)", "[10,20)", "[10,20)", "[20,30)", "[20,30)", ">=30", ">=30"
+        "[0,5)",
+        "[0,5)",
+        "[5,10)",
+        "[5,10)",
+        "[10,20)",
+        "[10,20)",
+        "[20,30)",
+        "[20,30)",
+        ">=30",
+        ">=30",
     ]
     assert bucket_labels() == ["[0,5)", "[5,10)", "[10,20)", "[20,30)", ">=30"]
     with pytest.raises(ValueError):
@@ -87,29 +96,35 @@ def _tar(files: dict) -> tarfile.TarFile:
 
 def test_speech_sets_unpack_only_english_clips_with_transcripts(tmp_path):
     conftest = b'def reference_transcripts():\n    return {"mfa_um": "montreal um aligner", "gone": "x"}\n'
-    mfa = _tar({
-        "mfa-3/tests/conftest.py": conftest,
-        "mfa-3/tests/data/wav/mfa_um.flac": b"flac",
-        "mfa-3/tests/data/wav/61-70968-0000.flac": b"flac",
-        "mfa-3/tests/data/wav/french_clitics.wav": b"wav",
-        "mfa-3/tests/data/lab/61-70968-0000.lab": b"HE BEGAN\n",
-        "mfa-3/tests/data/lab/french_clitics.lab": b"aujourd'hui",
-        "mfa-3/tests/data/wav/../../../escape.flac": b"never written outside",
-    })
+    mfa = _tar(
+        {
+            "mfa-3/tests/conftest.py": conftest,
+            "mfa-3/tests/data/wav/mfa_um.flac": b"flac",
+            "mfa-3/tests/data/wav/61-70968-0000.flac": b"flac",
+            "mfa-3/tests/data/wav/french_clitics.wav": b"wav",
+            "mfa-3/tests/data/lab/61-70968-0000.lab": b"HE BEGAN\n",
+            "mfa-3/tests/data/lab/french_clitics.lab": b"aujourd'hui",
+            "mfa-3/tests/data/wav/../../../escape.flac": b"never written outside",
+        }
+    )
     got = _unpack_mfa(mfa, str(tmp_path))
     assert sorted((os.path.basename(u.path), u.reference) for u in got) == [
-        ("61-70968-0000.flac", "HE BEGAN"), ("mfa_um.flac", "montreal um aligner")
+        ("61-70968-0000.flac", "HE BEGAN"),
+        ("mfa_um.flac", "montreal um aligner"),
     ]
     assert sorted(os.listdir(tmp_path)) == ["61-70968-0000.flac", "mfa_um.flac"]
-    sphinx = _tar({
-        "ps-5/test/data/librivox/a-0870.wav": b"wav",
-        "ps-5/test/data/librivox/a-0870.txt": b"and mister john\n",
-        "ps-5/test/data/cards/001.wav": b"wav",
-        "ps-5/test/data/cards/cards.transcription": b"<s> ten of clubs  </s> (001)\n<s> x </s> (009)\n",
-    })
+    sphinx = _tar(
+        {
+            "ps-5/test/data/librivox/a-0870.wav": b"wav",
+            "ps-5/test/data/librivox/a-0870.txt": b"and mister john\n",
+            "ps-5/test/data/cards/001.wav": b"wav",
+            "ps-5/test/data/cards/cards.transcription": b"<s> ten of clubs  </s> (001)\n<s> x </s> (009)\n",
+        }
+    )
     got = _unpack_pocketsphinx(sphinx, str(tmp_path))
     assert [(os.path.basename(u.path), u.reference) for u in got] == [
-        ("a-0870.wav", "and mister john"), ("cards_001.wav", "ten of clubs")
+        ("a-0870.wav", "and mister john"),
+        ("cards_001.wav", "ten of clubs"),
     ]
 
 
@@ -119,32 +134,67 @@ def test_the_asterisk_set_keeps_spoken_prompts_with_transcripts(tmp_path, monkey
     from ct2_flash.benchmark import speech_sets
 
     sounds = "./usr/share/asterisk/sounds/en_US_f_Allison/"
-    text = b"; Core Asterisk Sounds in English\n\nactivated: Activated.\nbeep: [this is a simple beep tone]\n" \
-           b"digits/7: seven\nsilence/1: [1 second of silence]\nmissing: No file.\n"
+    text = (
+        b"; Core Asterisk Sounds in English\n\nactivated: Activated.\nbeep: [this is a simple beep tone]\n"
+        b"digits/7: seven\nsilence/1: [1 second of silence]\nmissing: No file.\n"
+    )
     docs = _tar({"./usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz": gzip.compress(text)})
-    audio = _tar({sounds + "activated.wav": b"wav", sounds + "beep.wav": b"wav", sounds + "digits/7.wav": b"wav",
-                  sounds + "silence/1.wav": b"wav", sounds + "unlisted.wav": b"wav"})
+    audio = _tar(
+        {
+            sounds + "activated.wav": b"wav",
+            sounds + "beep.wav": b"wav",
+            sounds + "digits/7.wav": b"wav",
+            sounds + "silence/1.wav": b"wav",
+            sounds + "unlisted.wav": b"wav",
+        }
+    )
     monkeypatch.setattr(speech_sets, "_deb_files", {"docs.deb": docs, "audio.deb": audio}.get)
     got = speech_sets._unpack_asterisk(["docs.deb", "audio.deb"], str(tmp_path))
-    assert [(os.path.basename(u.path), u.reference) for u in got] == [("activated.wav", "Activated."),
-                                                                       ("digits_7.wav", "seven")]
+    assert [(os.path.basename(u.path), u.reference) for u in got] == [
+        ("activated.wav", "Activated."),
+        ("digits_7.wav", "seven"),
+    ]
 
 
 def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
     from ct2_flash.cli import main
 
     manifest = tmp_path / "two.tsv"
-    write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip00_kal16.ogg"), "a reference"),
-                                   Utterance(os.path.join(DATA, "clip01_slt.ogg"), "")])
+    write_manifest(
+        str(manifest),
+        [
+            Utterance(os.path.join(DATA, "clip00_kal16.ogg"), "a reference"),
+            Utterance(os.path.join(DATA, "clip01_slt.ogg"), ""),
+        ],
+    )
     out = tmp_path / "out"
-    code = main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
-                 "--compute-types", "float32", "--batch-sizes", "2", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--manifest",
+            str(manifest),
+            "--drafter",
+            "oracle",
+            "--repeats",
+            "1",
+            "--compute-types",
+            "float32",
+            "--batch-sizes",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     document = json.loads((out / "bench.json").read_text())
     (setting,) = document["settings"]
     summary = setting["summary"]
     assert summary["utterances"] == 2 and summary["token_identity"] == {"identical": 2, "of": 2}
-    assert summary["speedup"]["decode"]["low"] <= summary["speedup"]["decode"]["speedup"] <= summary["speedup"]["decode"]["high"]
+    assert (
+        summary["speedup"]["decode"]["low"]
+        <= summary["speedup"]["decode"]["speedup"]
+        <= summary["speedup"]["decode"]["high"]
+    )
     assert summary["tokens_per_target_call"] > 1.0 and summary["first_position_acceptance"] > 0.5
     assert set(summary["systems"]) == {"baseline", "flash"}
     assert setting["engines"]["stock_active"] and setting["engines"]["stock_failures"] == 0  # the default: worker on
@@ -167,11 +217,31 @@ def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
     from ct2_flash.cli import main
 
     manifest = tmp_path / "two.tsv"
-    write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip00_kal16.ogg"), ""),
-                                   Utterance(os.path.join(DATA, "clip05_kal16.ogg"), "")])
+    write_manifest(
+        str(manifest),
+        [Utterance(os.path.join(DATA, "clip00_kal16.ogg"), ""), Utterance(os.path.join(DATA, "clip05_kal16.ogg"), "")],
+    )
     out = tmp_path / "out"
-    assert main(["bench", "--manifest", str(manifest), "--repeats", "1", "--compute-types", "int8", "--stock",
-                 "--batch-sizes", "2", "--word-timestamps", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--manifest",
+                str(manifest),
+                "--repeats",
+                "1",
+                "--compute-types",
+                "int8",
+                "--stock",
+                "--batch-sizes",
+                "2",
+                "--word-timestamps",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (setting,) = json.loads((out / "bench.json").read_text())["settings"]
     assert setting["stock_ctranslate2"] == STOCK_CTRANSLATE2
     # Identity covers the word timings too (align() runs in ct2-flash's worker).
@@ -180,7 +250,9 @@ def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
     # its process's memory maps show loaded (tcmalloc where installed, else glibc's variables).
     tuned = setting["stock_allocators"]["tuned_stock"]
     assert setting["stock_allocators"]["stock"] == {"asked": "glibc", "loaded": "glibc"}
-    assert tuned["loaded"] == ("tcmalloc" if find_tcmalloc() else "glibc") and tuned["asked"].startswith(tuned["loaded"])
+    assert tuned["loaded"] == ("tcmalloc" if find_tcmalloc() else "glibc") and tuned["asked"].startswith(
+        tuned["loaded"]
+    )
     for name in ("stock", "tuned_stock"):
         assert setting["summary"][f"{name}_token_identity"] == {"identical": 2, "of": 2}
         assert set(setting["summary"][f"speedup_vs_{name}"]) == {"decode", "whole"}
@@ -198,8 +270,25 @@ def test_bench_runs_sampling_settings_through_the_loop(tmp_path):
     manifest = tmp_path / "one.tsv"
     write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip04_slt.ogg"), "a reference text")])
     out = tmp_path / "out"
-    code = main(["bench", "--no-stock-engine", "--manifest", str(manifest), "--drafter", "oracle", "--repeats", "1",
-                 "--compute-types", "float32", "--temperatures", "0", "0.8", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--no-stock-engine",
+            "--manifest",
+            str(manifest),
+            "--drafter",
+            "oracle",
+            "--repeats",
+            "1",
+            "--compute-types",
+            "float32",
+            "--temperatures",
+            "0",
+            "0.8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     greedy, sampled = json.loads((out / "bench.json").read_text())["settings"]
     assert (greedy["temperature"], sampled["temperature"]) == (0.0, 0.8)
@@ -247,8 +336,9 @@ def test_drafter_options_build_the_variant_they_name(model_path):
     assert build_drafter(None, {}, "tiny.en", model_path) is None  # the model resolves it itself
     exported = build_drafter(None, {"precision": "float32", "min_confidence": 0}, "tiny.en", model_path)
     assert isinstance(exported, OnnxDrafter) and exported.precision == "float32" and exported.min_confidence == 0
-    eager = build_drafter(os.path.join(SHIPPED_DRAFTERS, "tiny.en"), {"runtime": "pytorch", "precision": "float32"},
-                          "tiny.en", model_path)
+    eager = build_drafter(
+        os.path.join(SHIPPED_DRAFTERS, "tiny.en"), {"runtime": "pytorch", "precision": "float32"}, "tiny.en", model_path
+    )
     assert isinstance(eager, FlashDrafter) and eager.precision == "float32"
     with pytest.raises(ValueError, match="OnnxDrafter takes no option error_rate"):
         build_drafter(None, {"error_rate": 0.1}, "tiny.en", model_path)
@@ -267,8 +357,24 @@ def test_bench_runs_an_oracle_with_injected_errors(tmp_path, capsys):
     manifest = tmp_path / "one.tsv"
     write_manifest(str(manifest), [Utterance(os.path.join(DATA, "clip04_slt.ogg"), "")])
     out = tmp_path / "out"
-    code = main(["bench", "--no-stock-engine", "--manifest", str(manifest), "--drafter", "oracle", "--drafter-option", "error_rate=0.5",
-                 "--repeats", "1", "--compute-types", "float32", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--no-stock-engine",
+            "--manifest",
+            str(manifest),
+            "--drafter",
+            "oracle",
+            "--drafter-option",
+            "error_rate=0.5",
+            "--repeats",
+            "1",
+            "--compute-types",
+            "float32",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     document = json.loads((out / "bench.json").read_text())
     assert document["config"]["drafter_options"] == [["error_rate", 0.5]]
@@ -276,8 +382,24 @@ def test_bench_runs_an_oracle_with_injected_errors(tmp_path, capsys):
     summary = setting["summary"]
     assert setting["drafter"] == "OracleDrafter" and summary["token_identity"] == {"identical": 1, "of": 1}
     assert 0.0 < summary["acceptance_rate"] < 0.9
-    assert main(["bench", "--manifest", str(manifest), "--drafter", "oracle", "--drafter-option", "precision=int8",
-                 "--repeats", "1", "--out", str(tmp_path / "bad")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--manifest",
+                str(manifest),
+                "--drafter",
+                "oracle",
+                "--drafter-option",
+                "precision=int8",
+                "--repeats",
+                "1",
+                "--out",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 2
+    )
     assert "OracleDrafter takes no option precision" in capsys.readouterr().err
 
 
@@ -326,12 +448,26 @@ def test_summary_counts_utterances_without_draft_rounds():
 
     def row(name, proposed, accepted, emitted, calls):
         times = {"decode": 1.0, "whole": 2.0, "encode": 0.5}
-        return {"name": name, "seconds": 3.0, "bucket": "[0,5)", "reference": "", "baseline_text": "a",
-                "flash_text": "a", "tokens": emitted, "identical": True, "baseline": dict(times),
-                "flash": {**times, "drafter": 0.1, "verify": 0.3, "loop": 0.2, "generate": 0.0}, "target_calls": calls, "emitted": emitted,
-                "proposed_by_position": proposed, "accepted_by_position": accepted,
-                "draft_rounds": proposed[0] if proposed else 0, "drafting_stopped": int(bool(proposed)), "drafting_resumed": 0,
-                "rows_rechecked": 1}
+        return {
+            "name": name,
+            "seconds": 3.0,
+            "bucket": "[0,5)",
+            "reference": "",
+            "baseline_text": "a",
+            "flash_text": "a",
+            "tokens": emitted,
+            "identical": True,
+            "baseline": dict(times),
+            "flash": {**times, "drafter": 0.1, "verify": 0.3, "loop": 0.2, "generate": 0.0},
+            "target_calls": calls,
+            "emitted": emitted,
+            "proposed_by_position": proposed,
+            "accepted_by_position": accepted,
+            "draft_rounds": proposed[0] if proposed else 0,
+            "drafting_stopped": int(bool(proposed)),
+            "drafting_resumed": 0,
+            "rows_rechecked": 1,
+        }
 
     summary = summarise([row("none", [], [], 3, 3), row("some", [4, 2], [2, 1], 6, 3)])
     assert (summary["draft_rounds"], summary["drafting_stopped"], summary["drafting_resumed"]) == (4, 1, 0)

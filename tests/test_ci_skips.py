@@ -19,9 +19,24 @@ def _pytest_without_torch(tmp_path, ci: bool) -> subprocess.CompletedProcess:
     if ci:
         env["CI"] = "true"
     # --collect-only: the module skips (or fails) while it is collected, before any test runs.
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-rs",
-                           os.path.join(TESTS, "test_training.py")],
-                          cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "-rs",
+            os.path.join(TESTS, "test_training.py"),
+        ],
+        cwd=os.path.dirname(TESTS),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_module_skipped_for_torch_fails_under_ci(tmp_path):

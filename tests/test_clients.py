@@ -17,8 +17,15 @@ import threading
 
 import pytest
 
-from ct2_flash.benchmark.clients import (BIN, command, free_port, post_transcription, server, server_config,
-                                         wyoming_transcript)
+from ct2_flash.benchmark.clients import (
+    BIN,
+    command,
+    free_port,
+    post_transcription,
+    server,
+    server_config,
+    wyoming_transcript,
+)
 
 from .conftest import CLIP_PATHS
 
@@ -62,9 +69,26 @@ def test_whisper_ctranslate2_writes_the_same_files(tmp_path, model_path, compute
     outputs = {}
     for system in ("plain", "flash"):
         out = tmp_path / system
-        program = [os.path.join(BIN, "whisper-ctranslate2"), *CLIPS, "--model_directory", model_path,
-                   "--compute_type", compute_type, "--beam_size", "1", "--threads", "2", "--language", "en",
-                   "--output_dir", str(out), "--output_format", "all", "--word_timestamps", "True"]
+        program = [
+            os.path.join(BIN, "whisper-ctranslate2"),
+            *CLIPS,
+            "--model_directory",
+            model_path,
+            "--compute_type",
+            compute_type,
+            "--beam_size",
+            "1",
+            "--threads",
+            "2",
+            "--language",
+            "en",
+            "--output_dir",
+            str(out),
+            "--output_format",
+            "all",
+            "--word_timestamps",
+            "True",
+        ]
         argv, environment = command(system, program, str(tmp_path / "stats.json"))
         done = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
@@ -85,9 +109,25 @@ def test_wyoming_faster_whisper_sends_the_same_transcripts(tmp_path, model_path,
     transcripts = {}
     for system in ("plain", "flash"):
         port = free_port()
-        program = [os.path.join(BIN, "wyoming-faster-whisper"), "--uri", f"tcp://127.0.0.1:{port}", "--model",
-                   model_path, "--data-dir", str(tmp_path / "data"), "--stt-library", "faster-whisper",
-                   "--compute-type", compute_type, "--beam-size", "1", "--cpu-threads", "2", "--language", "en"]
+        program = [
+            os.path.join(BIN, "wyoming-faster-whisper"),
+            "--uri",
+            f"tcp://127.0.0.1:{port}",
+            "--model",
+            model_path,
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--stt-library",
+            "faster-whisper",
+            "--compute-type",
+            compute_type,
+            "--beam-size",
+            "1",
+            "--cpu-threads",
+            "2",
+            "--language",
+            "en",
+        ]
         argv, environment = command(system, program, str(tmp_path / "stats.json"))
         with server(argv, environment, port, str(tmp_path / f"{system}.log")):
             transcripts[system] = [wyoming_transcript(port, path) for path in CLIPS]
@@ -103,8 +143,15 @@ def test_faster_whisper_server_answers_the_same_json_under_concurrent_requests(t
     answers = {}
     for system in ("plain", "flash"):
         port = free_port()
-        program = [os.path.join(BIN, "faster-whisper-server"), "--config", config, "--host", "127.0.0.1",
-                   "--port", str(port)]
+        program = [
+            os.path.join(BIN, "faster-whisper-server"),
+            "--config",
+            config,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         argv, environment = command(system, program, str(tmp_path / "stats.json"))
         with server(argv, environment, port, str(tmp_path / f"{system}.log")):
             requests = CLIPS * 2  # each clip twice, all at once
@@ -127,8 +174,20 @@ def test_faster_whisper_server_answers_the_same_json_under_concurrent_requests(t
 
 def test_a_client_with_beam_search_gets_one_warning_naming_its_option(tmp_path, model_path):
     pytest.importorskip("whisper_ctranslate2")
-    program = [os.path.join(BIN, "whisper-ctranslate2"), *CLIPS[:2], "--model_directory", model_path,
-               "--compute_type", "float32", "--threads", "2", "--language", "en", "--output_dir", str(tmp_path)]
+    program = [
+        os.path.join(BIN, "whisper-ctranslate2"),
+        *CLIPS[:2],
+        "--model_directory",
+        model_path,
+        "--compute_type",
+        "float32",
+        "--threads",
+        "2",
+        "--language",
+        "en",
+        "--output_dir",
+        str(tmp_path),
+    ]
     argv, environment = command("flash", program, str(tmp_path / "stats.json"))
     done = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

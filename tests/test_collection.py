@@ -35,7 +35,9 @@ def test_folders_mirror_their_sub_folders_and_lists_name_files(tmp_path):
     listing = tmp_path / "list.txt"
     listing.write_text("# what to do\nin/first.ogg\n\n" + str(root / "sub" / "third.ogg") + "  # absolute\n")
     assert [(a.stem, os.path.basename(a.path)) for a in find_audio([str(listing)])] == [
-        ("first", "first.ogg"), ("third", "third.ogg")]
+        ("first", "first.ogg"),
+        ("third", "third.ogg"),
+    ]
     # A file named directly and again through its folder is one file.
     assert len(find_audio([str(root / "first.ogg"), str(root)])) == 6
 
@@ -58,13 +60,24 @@ def test_names_that_cannot_be_transcribed_as_asked_say_so_before_anything_runs(t
 def test_a_collection_is_transcribed_as_faster_whisper_transcribes_each_file(float32_pair, tmp_path):
     root = _collection(tmp_path / "in")
     out = tmp_path / "out"
-    results = {os.path.relpath(r.path, root): r for r in transcribe_files(
-        [str(root)], str(out), FORMATS, model=float32_pair.flash, beam_size=1)}
+    results = {
+        os.path.relpath(r.path, root): r
+        for r in transcribe_files([str(root)], str(out), FORMATS, model=float32_pair.flash, beam_size=1)
+    }
     assert {name: r.status for name, r in results.items()} == {
-        "first.ogg": "done", "second.ogg": "done", os.path.join("sub", "third.ogg"): "done",
-        "empty.wav": "failed", "notes.mp3": "failed", os.path.join("sub", "corrupt.ogg"): "failed"}
+        "first.ogg": "done",
+        "second.ogg": "done",
+        os.path.join("sub", "third.ogg"): "done",
+        "empty.wav": "failed",
+        "notes.mp3": "failed",
+        os.path.join("sub", "corrupt.ogg"): "failed",
+    }
     assert all(r.error for r in results.values() if r.status == "failed")
-    for name, stem in (("first.ogg", "first"), ("second.ogg", "second"), (os.path.join("sub", "third.ogg"), "sub/third")):
+    for name, stem in (
+        ("first.ogg", "first"),
+        ("second.ogg", "second"),
+        (os.path.join("sub", "third.ogg"), "sub/third"),
+    ):
         segments, info = float32_pair.baseline.transcribe(str(root / name), beam_size=1)
         segments = list(segments)
         for form in FORMATS:
@@ -102,7 +115,10 @@ def test_a_rerun_skips_finished_files_and_redoes_the_rest(float32_pair, tmp_path
     monkeypatch.setattr(type(flash), "transcribe", transcribe)
     again = list(transcribe_files([str(root)], str(out), ("txt", "json"), model=flash))
     assert [(os.path.basename(r.path), r.status) for r in again] == [
-        ("first.ogg", "skipped"), ("second.ogg", "done"), ("third.ogg", "done")]
+        ("first.ogg", "skipped"),
+        ("second.ogg", "done"),
+        ("third.ogg", "done"),
+    ]
     assert all(p.stat().st_mtime_ns == mtime for p, mtime in before.items())
     assert isinstance(again[0], FileResult) and again[0].outputs == [str(out / "first.txt"), str(out / "first.json")]
 
@@ -120,8 +136,13 @@ def test_an_output_half_written_is_never_left_under_its_name(tmp_path, monkeypat
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "ct2_flash.cli", "transcribe", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ct2_flash.cli", "transcribe", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_the_command_writes_a_failures_file_and_says_so_in_its_exit_code(tmp_path):
@@ -134,7 +155,8 @@ def test_the_command_writes_a_failures_file_and_says_so_in_its_exit_code(tmp_pat
     assert (out / "first.txt").is_file()
     failures = (out / "failures.tsv").read_text(encoding="utf-8").splitlines()
     assert sorted(line.split("\t")[0] for line in failures) == sorted(
-        str(root / name) for name in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")))
+        str(root / name) for name in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg"))
+    )
     assert "1 transcribed" in run.stderr and "3 failed" in run.stderr and "failures.tsv" in run.stderr
     for bad in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")):
         os.remove(root / bad)

@@ -118,7 +118,9 @@ def run(drafter: Drafter, k: int = 4, max_length: int = 448):
     runtime = FakeRuntime()
     stats = SpecStats()
     result = SpeculativeDecoder(runtime, drafter, k, stats).decode(
-        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(max_length=max_length, suppress_blank=False, suppress_tokens=())
+        np.zeros((1, 4, 4), dtype=np.float32),
+        PROMPT,
+        DecodingOptions(max_length=max_length, suppress_blank=False, suppress_tokens=()),
     )
     return result, runtime.sequence, stats
 
@@ -217,8 +219,9 @@ def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatc
     monkeypatch.setattr(draft_pause, "RESUME_AFTER_TOKENS", 2)
     drafter, runtime, stats = ScriptDrafter(), FakeRuntime(), SpecStats()
     decoder = SpeculativeDecoder(runtime, drafter, 2, stats, adaptive=True)
-    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
-                            DecodingOptions(suppress_blank=False, suppress_tokens=()))
+    result = decoder.decode(
+        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=())
+    )
     assert result.tokens == SCRIPT[:-1]
     log = runtime.sequence.verify_log
     # Round 1 drafts 12, 13 (bonus 14) and stops; two plain steps emit 15 and 16; then the
@@ -256,8 +259,9 @@ class FlipRuntime(FakeRuntime):
 def test_guard_decides_close_batch_rows_with_a_single_pass(guard):
     runtime, stats = FlipRuntime(), SpecStats()
     decoder = SpeculativeDecoder(runtime, ScriptDrafter(), 4, stats, guard_margin=guard)
-    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
-                            DecodingOptions(suppress_blank=False, suppress_tokens=()))
+    result = decoder.decode(
+        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=())
+    )
     log = runtime.sequence.verify_log
     if np.atleast_1d(guard)[min(2, np.size(guard) - 1)] == 0.0:  # the close, wrong row 2 is taken at face value
         assert WRONG in result.tokens and stats.rows_rechecked == 0
@@ -295,7 +299,9 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
 
     runtime, drafter = FakeRuntime(), Listening()
     decoder = SpeculativeDecoder(runtime, drafter, 4, SpecStats())
-    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=()))
+    result = decoder.decode(
+        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=())
+    )
     assert result.tokens == SCRIPT[:-1] and runtime.tracking_positions
     log = runtime.sequence.verify_log
     assert len(drafter.positions) >= len(log) - 1
@@ -304,7 +310,9 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
     first_length, first_tokens = log[0]
     assert drafter.positions[0] == 10 * (first_length + len(first_tokens) - 1)
     plain = SpeculativeDecoder(runtime, ScriptDrafter(), 4, SpecStats())
-    plain.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=()))
+    plain.decode(
+        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=())
+    )
     assert not runtime.tracking_positions
 
 
@@ -320,8 +328,9 @@ def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(mon
     drafter = ScriptDrafter(wrong_at=range(2, 20, 2))
     drafter.proposes_prefixes = prefixes
     decoder = SpeculativeDecoder(FakeRuntime(), drafter, 6, SpecStats(), adaptive=True)
-    result = decoder.decode(np.zeros((1, 4, 4), dtype=np.float32), PROMPT,
-                            DecodingOptions(suppress_blank=False, suppress_tokens=()))
+    result = decoder.decode(
+        np.zeros((1, 4, 4), dtype=np.float32), PROMPT, DecodingOptions(suppress_blank=False, suppress_tokens=())
+    )
     assert result.tokens == SCRIPT[:-1]
     asked = {n for _, n in drafter.requests}
     assert asked == ({2} if prefixes else {6})
@@ -339,7 +348,9 @@ class OfferingDrafter(ScriptDrafter):
     def offered(self, generated, limit):
         self.offers.append((len(generated), limit))
         start = len(generated)
-        return tuple(WRONG if start + j in self.wrong_offered else t for j, t in enumerate(SCRIPT[start : start + limit]))
+        return tuple(
+            WRONG if start + j in self.wrong_offered else t for j, t in enumerate(SCRIPT[start : start + limit])
+        )
 
     def propose(self, generated, num_tokens):
         self.requests.append((len(generated), num_tokens))

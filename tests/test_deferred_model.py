@@ -22,8 +22,9 @@ from .conftest import THREADS
 READ_FROM_FILES = ("compute_type", "device", "device_index", "is_multilingual", "num_languages", "n_mels")
 
 
-def _resolved(device="cpu", index=0, asked="int8", saved=("float16",), supported=("float32", "int8", "int8_float32"),
-              gpus=0):
+def _resolved(
+    device="cpu", index=0, asked="int8", saved=("float16",), supported=("float32", "int8", "int8_float32"), gpus=0
+):
     return deferred_compute_type(device, index, asked, set(saved), lambda device: supported, lambda: gpus)
 
 
@@ -46,17 +47,26 @@ def test_only_what_surely_resolves_on_the_cpu_is_deferred():
         assert _resolved(asked=asked) is None, asked
 
 
-@pytest.mark.parametrize("name", [
-    "tiny.en",
-    pytest.param("base", marks=[pytest.mark.slow, pytest.mark.skipif("base" not in available_models(),
-                                                                     reason="the multilingual base is not installed")]),
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny.en",
+        pytest.param(
+            "base",
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif("base" not in available_models(), reason="the multilingual base is not installed"),
+            ],
+        ),
+    ],
+)
 def test_what_it_reads_from_the_files_is_what_the_runtime_loads(name):
     path = resolve_model(name)
     saved = CT2ModelFile(path).weight_dtypes()
     for asked in ("int8", "auto", "default", "float32"):
-        resolved = deferred_compute_type("cpu", 0, asked, saved, ctranslate2.get_supported_compute_types,
-                                         ctranslate2.get_cuda_device_count)
+        resolved = deferred_compute_type(
+            "cpu", 0, asked, saved, ctranslate2.get_supported_compute_types, ctranslate2.get_cuda_device_count
+        )
         deferred = DeferredWhisper(ctranslate2.models.Whisper, path, resolved, intra_threads=1)
         told = {attribute: getattr(deferred, attribute) for attribute in READ_FROM_FILES}
         assert not deferred.model_is_loaded
@@ -112,7 +122,8 @@ def test_files_that_cannot_load_raise_faster_whispers_error_at_construction(mode
 
 
 def test_the_worker_started_before_faster_whispers_constructor_stops_when_construction_fails(
-        model_path, tmp_path, monkeypatch):
+    model_path, tmp_path, monkeypatch
+):
     """At int8 the worker starts first (nothing in this process loads a model); a constructor
     that raises after that (here: a drafter directory that does not exist) leaves no worker."""
     started = []
@@ -156,8 +167,9 @@ def test_a_forked_child_loads_the_model_anew_with_its_alignment_heads():
             self.heads = list(heads)
 
     def load(path, **options):
-        model = Model(compute_type=options["compute_type"], is_multilingual=False, num_languages=99, n_mels=80,
-                      heads=None)
+        model = Model(
+            compute_type=options["compute_type"], is_multilingual=False, num_languages=99, n_mels=80, heads=None
+        )
         loaded.append(model)
         return model
 

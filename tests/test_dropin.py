@@ -107,19 +107,23 @@ def test_signatures_are_faster_whispers(installed):
 
     installed()
     original, pipeline = ORIGINALS["WhisperModel"], ORIGINALS["BatchedInferencePipeline"]
-    for ours, theirs in [(faster_whisper.WhisperModel.transcribe, original.transcribe),
-                         (faster_whisper.WhisperModel.detect_language, original.detect_language),
-                         (faster_whisper.BatchedInferencePipeline.transcribe, pipeline.transcribe),
-                         (ct2_flash.FlashWhisperModel.transcribe, original.transcribe)]:
+    for ours, theirs in [
+        (faster_whisper.WhisperModel.transcribe, original.transcribe),
+        (faster_whisper.WhisperModel.detect_language, original.detect_language),
+        (faster_whisper.BatchedInferencePipeline.transcribe, pipeline.transcribe),
+        (ct2_flash.FlashWhisperModel.transcribe, original.transcribe),
+    ]:
         assert inspect.signature(ours) == inspect.signature(theirs), ours.__qualname__
     theirs = inspect.signature(original.__init__).parameters
     for cls in (faster_whisper.WhisperModel, ct2_flash.FlashWhisperModel):
         ours = inspect.signature(cls.__init__).parameters
-        assert list(ours)[:len(theirs) - 1] == list(theirs)[:-1] and list(ours)[-1] == list(theirs)[-1]
+        assert list(ours)[: len(theirs) - 1] == list(theirs)[:-1] and list(ours)[-1] == list(theirs)[-1]
         options = [p for p in ours.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
         assert {"drafter", "num_draft_tokens", "stock_engine"} <= {p.name for p in options}
-    assert inspect.signature(faster_whisper.WhisperModel.__init__).parameters["model_size_or_path"].default \
+    assert (
+        inspect.signature(faster_whisper.WhisperModel.__init__).parameters["model_size_or_path"].default
         is inspect.Parameter.empty
+    )
     inspect.signature(faster_whisper.WhisperModel).bind("tiny.en", "cpu", 0, "int8", cpu_threads=2, drafter=None)
 
 
@@ -143,12 +147,15 @@ def test_a_model_in_memory_is_refused_with_what_to_do(installed):
         DropInWhisperModel("tiny.en", files={"model.bin": b""})
 
 
-@pytest.mark.parametrize("command, message", [
-    ([], "no program given"),
-    (["-m"], "-m needs a module"),
-    (["surely-not-a-command-here"], "not found"),
-    (["/bin/sh"], "not a Python program"),
-])
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ([], "no program given"),
+        (["-m"], "-m needs a module"),
+        (["surely-not-a-command-here"], "not found"),
+        (["/bin/sh"], "not a Python program"),
+    ],
+)
 def test_programs_that_cannot_run_are_refused(command, message):
     with pytest.raises(ProgramError, match=message):
         find_program(command)
@@ -199,8 +206,7 @@ def test_run_passes_arguments_streams_and_exit_code(tmp_path):
 def test_run_as_module_writes_stats(tmp_path):
     (tmp_path / "client_module.py").write_text(PROGRAM)
     stats = tmp_path / "stats.json"
-    done = _run(["--stats", str(stats), "--", "-m", "client_module", "decode", CLIP_PATHS[0]], input="",
-                cwd=tmp_path)
+    done = _run(["--stats", str(stats), "--", "-m", "client_module", "decode", CLIP_PATHS[0]], input="", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ct2_flash.dropin True False ['decode'")
     report = json.loads(stats.read_text())
@@ -212,9 +218,15 @@ def test_the_environment_hook_redirects_only_with_the_variable(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     subprocess.run([CT2_FLASH, "hook", "install", "--site-packages", str(site)], check=True, capture_output=True)
-    code = (f"import site; site.addsitedir({str(site)!r}); import sys\n"
-            "import faster_whisper; print(faster_whisper.WhisperModel.__module__, 'torch' in sys.modules)\n")
-    for value, expected in (("1", "ct2_flash.dropin"), ("0", "faster_whisper.transcribe"), (None, "faster_whisper.transcribe")):
+    code = (
+        f"import site; site.addsitedir({str(site)!r}); import sys\n"
+        "import faster_whisper; print(faster_whisper.WhisperModel.__module__, 'torch' in sys.modules)\n"
+    )
+    for value, expected in (
+        ("1", "ct2_flash.dropin"),
+        ("0", "faster_whisper.transcribe"),
+        (None, "faster_whisper.transcribe"),
+    ):
         env = {k: v for k, v in os.environ.items() if k != "CT2_FLASH"}
         if value is not None:
             env["CT2_FLASH"] = value

@@ -77,7 +77,8 @@ def _case_id(case):
 
 
 PARAMS = [pytest.param(*case, names, id=f"fast-{_case_id(case)}") for case, names in FAST] + [
-    pytest.param(*case, None, id=_case_id(case), marks=pytest.mark.slow) for case in CASES]
+    pytest.param(*case, None, id=_case_id(case), marks=pytest.mark.slow) for case in CASES
+]
 SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
 
 
@@ -99,7 +100,9 @@ def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps
     # where the draft pause and the draft lengths decide inside speculative calls (every
     # call is speculative here: the policy would send most of them to generate()).
     if kind == "default-adaptive":
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=AlwaysSpeculate())
+        flash = FlashWhisperModel(
+            model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=AlwaysSpeculate()
+        )
         drafter = flash.decoder.drafter
     flash.reset_spec_stats()
     options = dict(beam_size=1, without_timestamps=not timestamps, condition_on_previous_text=True)
@@ -151,8 +154,10 @@ def test_int8_windows_are_identical_where_documented(model_path, clips, kind):
                 comparisons.append((name, compare_window(decoder, encoder_output, prompt, DecodingOptions())))
     differences = [(name, c.first_difference, c.reference_margin) for name, c in comparisons if not c.identical]
     identical = len(comparisons) - len(differences)
-    print(f"int8, {kind}: {identical}/{len(comparisons)} windows identical; "
-          f"differences (clip, index, target's top-2 margin): {differences}")
+    print(
+        f"int8, {kind}: {identical}/{len(comparisons)} windows identical; "
+        f"differences (clip, index, target's top-2 margin): {differences}"
+    )
     assert len(comparisons) == 60
     assert identical >= INT8_IDENTICAL_AT_LEAST, differences
     # Where a window differs, the target itself was close to a tie.
@@ -160,12 +165,15 @@ def test_int8_windows_are_identical_where_documented(model_path, clips, kind):
     assert sum(margin >= INT8_MAX_SHIFT for _, _, margin in differences) <= 2, differences
 
 
-@pytest.mark.parametrize("kind, names", [
-    ("oracle", SHORT_CLIPS),
-    pytest.param("oracle", None, marks=pytest.mark.slow),
-    pytest.param("random", None, marks=pytest.mark.slow),
-    pytest.param("default", None, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "kind, names",
+    [
+        ("oracle", SHORT_CLIPS),
+        pytest.param("oracle", None, marks=pytest.mark.slow),
+        pytest.param("random", None, marks=pytest.mark.slow),
+        pytest.param("default", None, marks=pytest.mark.slow),
+    ],
+)
 def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, clips, kind, names):
     """At int8 a multi-token pass leaves cache entries that move later near-ties
     (``bench/studies/int8_differences.py``), so by default no call runs the loop there, even with
@@ -177,8 +185,9 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
     _PAIRS["int8"] = pair
     # The shipped drafter named: unnamed, it is not loaded where no call runs the loop.
     shipped = os.path.join(SHIPPED_DRAFTERS, "tiny.en") if SHIPPED else None
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False,
-                              drafter=shipped)
+    flash = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False, drafter=shipped
+    )
     drafter = drafter_for(kind, pair) or flash.decoder.drafter
     mismatches = []
     with flash.use_drafter(drafter):
@@ -218,11 +227,15 @@ def test_int8_near_exact_runs_the_loop(model_path, clips, caplog):
     (exact and faster as it is: nothing for the user to fix)."""
     import logging
 
-    opted = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False, near_exact=True)
+    opted = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False, near_exact=True
+    )
     segments_of(opted, clips["clip04_slt.ogg"], beam_size=1)
     assert opted.spec_stats.proposed > 0 and opted.spec_stats.fallback_calls == 0
     assert opted.model.inexact_reason is None
-    default = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False)
+    default = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False
+    )
     with caplog.at_level(logging.INFO, logger="ct2_flash"):
         for _ in range(2):
             segments_of(default, clips["clip04_slt.ogg"], beam_size=1)

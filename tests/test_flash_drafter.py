@@ -111,8 +111,9 @@ def test_packed_windowed_blocks_equal_rounds_that_read_the_window(tiny_model):
     cross_mask[..., start:stop] = True
     for weights in (False, True):
         with torch.no_grad():
-            out = model.forward_blocks(x, block_positions, history_kvs, model.cross_kv(encoder), None, cross_mask,
-                                       cross_weights=weights)
+            out = model.forward_blocks(
+                x, block_positions, history_kvs, model.cross_kv(encoder), None, cross_mask, cross_weights=weights
+            )
         states = out[0] if weights else out
         logits = states[0, 1:] @ model.token_embedding[model.shortlist].T
         assert tuple(model.shortlist[logits.argmax(-1)].tolist()) == proposal.tokens
@@ -202,11 +203,18 @@ def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
     with torch.no_grad():
         cached = model.history_kv(model.project_history(torch.from_numpy(states)[None]), torch.arange(1, 5)[None])
         x, positions = model.embed_blocks(torch.tensor([[7]]), torch.tensor([[5]]))
-        expected = model.logits(model.forward_blocks(x, positions, cached, model.cross_kv(torch.from_numpy(window.encoder_output)[None])))
+        expected = model.logits(
+            model.forward_blocks(x, positions, cached, model.cross_kv(torch.from_numpy(window.encoder_output)[None]))
+        )
     expected_tokens = tuple(expected[0, 1:].argmax(-1).tolist())
     proposals = {}
-    for precision, confidence, keys in (("float32", 0.0, None), ("bfloat16", 0.0, None), ("int8", 0.0, None),
-                                        ("float32", 0.999, None), ("float32", 0.0, True)):
+    for precision, confidence, keys in (
+        ("float32", 0.0, None),
+        ("bfloat16", 0.0, None),
+        ("int8", 0.0, None),
+        ("float32", 0.999, None),
+        ("float32", 0.0, True),
+    ):
         drafter = FlashDrafter(model, precision=precision, min_confidence=confidence, bfloat16_keys=keys)
         drafter.begin(window)
         drafter.advance(states[:1], 2)  # the controller's order: prefill state, then rounds
@@ -214,10 +222,15 @@ def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
         proposals[precision, confidence, keys] = drafter.propose([5, 6, 7], k).tokens
         bfloat16_keys = keys or precision == "bfloat16" or (precision == "int8" and bfloat16_is_fast())
         assert drafter._cross_kv[0][0].dtype == (torch.bfloat16 if bfloat16_keys else torch.float32)
-    proposals = {key[:2]: tokens for key, tokens in proposals.items() if key[2] is None} | {"bf16 keys": proposals["float32", 0.0, True]}
+    proposals = {key[:2]: tokens for key, tokens in proposals.items() if key[2] is None} | {
+        "bf16 keys": proposals["float32", 0.0, True]
+    }
     assert proposals["float32", 0.0] == expected_tokens
     # bfloat16 encoder keys change scores by ~1e-2 relative: same length, almost always the same tokens.
-    assert len(proposals["bf16 keys"]) == k and sum(a == b for a, b in zip(proposals["bf16 keys"], expected_tokens)) >= k - 2
+    assert (
+        len(proposals["bf16 keys"]) == k
+        and sum(a == b for a, b in zip(proposals["bf16 keys"], expected_tokens)) >= k - 2
+    )
     for precision in ("bfloat16", "int8"):  # copies at other precisions; the model is untouched
         assert len(proposals[precision, 0.0]) == k and all(0 <= t < 50 for t in proposals[precision, 0.0])
     assert model.mask_embedding.dtype == torch.float32

@@ -52,8 +52,14 @@ SERVER = textwrap.dedent("""
 def _run(program: str, *args: str, within: float) -> subprocess.CompletedProcess:
     """Run ``program``; past ``within`` s its whole process group is killed (hung children
     included) and the test fails."""
-    process = subprocess.Popen([sys.executable, "-c", program, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True, env=checkout_environment())
+    process = subprocess.Popen(
+        [sys.executable, "-c", program, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=checkout_environment(),
+    )
     try:
         stdout, stderr = process.communicate(timeout=within)
     except subprocess.TimeoutExpired:

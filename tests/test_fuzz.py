@@ -24,9 +24,11 @@ def flash(model_path):
 
 @pytest.fixture(scope="module")
 def drafters(flash):
-    return {"shipped": flash.decoder.drafter,
-            "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
-            "random": RandomDrafter(51864, seed=2)}
+    return {
+        "shipped": flash.decoder.drafter,
+        "oracle": OracleDrafter(flash.reference_model, error_rate=0.25, seed=1),
+        "random": RandomDrafter(51864, seed=2),
+    }
 
 
 @pytest.mark.parametrize("cases", [FAST_CASES, pytest.param(SLOW_CASES, marks=pytest.mark.slow)])

@@ -18,18 +18,21 @@ EOT = 999
 PREVIOUS = [ts(0.0), 1, 2, 3, ts(2.0), ts(2.2), 4, 1, 5, ts(4.0), EOT]
 
 
-@pytest.mark.parametrize("case, generated, expected", [
-    ("the same so far", PREVIOUS[:3], 3),
-    ("only the first timestamp", [ts(0.0)], 1),
-    ("a segment end moved (2.0 -> 2.4)", [ts(0.0), 1, 2, 3, ts(2.4)], 5),
-    ("both boundary timestamps moved", [ts(0.0), 1, 2, 3, ts(2.4), ts(2.6)], 6),
-    ("the last word changed, then the text rejoins", [ts(0.0), 1, 2, 7, ts(2.0)], 5),
-    ("an inserted word, then the text rejoins", [ts(0.0), 1, 2, 8, 3], 4),
-    ("a repeated word placed by its context", [ts(0.0), 1, 2, 3, ts(2.0), ts(2.2), 4, 1], 8),
-    ("the previous decode ended here", PREVIOUS[:-1], 10),
-    ("the hypothesis ran out: new words after its end", PREVIOUS[:-1] + [9], None),
-    ("nothing in common", [ts(0.0), 6, 7], None),
-])
+@pytest.mark.parametrize(
+    "case, generated, expected",
+    [
+        ("the same so far", PREVIOUS[:3], 3),
+        ("only the first timestamp", [ts(0.0)], 1),
+        ("a segment end moved (2.0 -> 2.4)", [ts(0.0), 1, 2, 3, ts(2.4)], 5),
+        ("both boundary timestamps moved", [ts(0.0), 1, 2, 3, ts(2.4), ts(2.6)], 6),
+        ("the last word changed, then the text rejoins", [ts(0.0), 1, 2, 7, ts(2.0)], 5),
+        ("an inserted word, then the text rejoins", [ts(0.0), 1, 2, 8, 3], 4),
+        ("a repeated word placed by its context", [ts(0.0), 1, 2, 3, ts(2.0), ts(2.2), 4, 1], 8),
+        ("the previous decode ended here", PREVIOUS[:-1], 10),
+        ("the hypothesis ran out: new words after its end", PREVIOUS[:-1] + [9], None),
+        ("nothing in common", [ts(0.0), 6, 7], None),
+    ],
+)
 def test_realign(case, generated, expected):
     assert realign(PREVIOUS, generated, TS) == expected, case
 
@@ -157,14 +160,17 @@ def test_recent_windows_are_bounded_per_thread_and_replaced_by_the_same_audio():
     assert windows.recall(prints[2]) is None
 
 
-@pytest.mark.parametrize("case, generated, limit, expected", [
-    ("one token said again and again", [5, 7, 7, 7, 7, 7, 7, 7], 3, (7, 7, 7)),
-    ("a sentence said again", [9, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6], 8, (1, 2, 3, 4, 5, 6, 1, 2)),
-    ("the repeated unit is the latest one", [1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5, 6], 2, (8, 1)),
-    ("five tokens again are not enough", [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5], 4, ()),
-    ("no repeat", list(range(20)), 4, ()),
-    ("nothing asked", [7] * 10, 0, ()),
-])
+@pytest.mark.parametrize(
+    "case, generated, limit, expected",
+    [
+        ("one token said again and again", [5, 7, 7, 7, 7, 7, 7, 7], 3, (7, 7, 7)),
+        ("a sentence said again", [9, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6], 8, (1, 2, 3, 4, 5, 6, 1, 2)),
+        ("the repeated unit is the latest one", [1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5, 6], 2, (8, 1)),
+        ("five tokens again are not enough", [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5], 4, ()),
+        ("no repeat", list(range(20)), 4, ()),
+        ("nothing asked", [7] * 10, 0, ()),
+    ],
+)
 def test_a_decode_that_repeats_itself_is_offered_its_repeats(case, generated, limit, expected):
     assert repeated(generated, limit) == expected, case
 

@@ -9,12 +9,22 @@ import ct2_flash
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bottom to top. A module may import from its own layer or any layer below it.
 LAYERS = [
-    ("engine", "stock"),          # the CTranslate2 runtimes (patched here, stock in a worker) and model files
-    ("drafting",),                # drafters: interface, files, ONNX round, PyTorch network
-    ("runtime",),                 # target sequence, logit rules, acceptance, the loop
-    ("audio", "routing", "engines", "redecodes", "thread_split", "speculative_whisper", "whisper_model", "streaming",
-     "dropin", "run_program"),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
-    ("validation",),              # reference drafters, exactness comparisons, fuzzing
+    ("engine", "stock"),  # the CTranslate2 runtimes (patched here, stock in a worker) and model files
+    ("drafting",),  # drafters: interface, files, ONNX round, PyTorch network
+    ("runtime",),  # target sequence, logit rules, acceptance, the loop
+    (
+        "audio",
+        "routing",
+        "engines",
+        "redecodes",
+        "thread_split",
+        "speculative_whisper",
+        "whisper_model",
+        "streaming",
+        "dropin",
+        "run_program",
+    ),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
+    ("validation",),  # reference drafters, exactness comparisons, fuzzing
     ("benchmark", "train", "converters"),
     ("cli", "outputs", "collection", "__init__"),  # the command line, the transcript files it writes, whole collections
 ]
@@ -22,7 +32,10 @@ LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 
 
 def package_files():
-    for folder, package in ((os.path.join(ROOT, "ct2_flash"), "ct2_flash"), (os.path.join(ROOT, "converters"), "ct2_flash.converters")):
+    for folder, package in (
+        (os.path.join(ROOT, "ct2_flash"), "ct2_flash"),
+        (os.path.join(ROOT, "converters"), "ct2_flash.converters"),
+    ):
         for directory, _, files in os.walk(folder):
             for name in files:
                 if name.endswith(".py"):

@@ -103,9 +103,14 @@ def _random_sequence(rng, length, begin):
 def test_block_rules_equal_per_row_rules_on_random_rows(seed):
     rng = np.random.default_rng(seed)
     begin = int(rng.integers(0, 3))
-    rules = LogitRules(special=SMALL, suppress_ids=tuple(int(t) for t in rng.choice(SMALL.eot, 5, replace=False)),
-                       suppress_begin_ids=(7, SMALL.eot), timestamps=bool(seed % 4), sample_begin=begin,
-                       max_initial_timestamp_id=TS + int(rng.integers(0, 10)))
+    rules = LogitRules(
+        special=SMALL,
+        suppress_ids=tuple(int(t) for t in rng.choice(SMALL.eot, 5, replace=False)),
+        suppress_begin_ids=(7, SMALL.eot),
+        timestamps=bool(seed % 4),
+        sample_begin=begin,
+        max_initial_timestamp_id=TS + int(rng.integers(0, 10)),
+    )
     generated = _random_sequence(rng, int(rng.integers(0, 6)), begin)
     drafts = _random_sequence(rng, int(rng.integers(0, 8)), begin)
     raw = rng.normal(0, 3, size=(len(drafts) + 1, SMALL.vocab_size)).astype(np.float32)
@@ -123,8 +128,14 @@ def test_block_rules_equal_per_row_rules_on_random_rows(seed):
 def test_a_block_read_until_its_first_mismatch_chooses_what_the_whole_block_does(seed):
     rng = np.random.default_rng(seed)
     begin = int(rng.integers(0, 3))
-    rules = LogitRules(special=SMALL, suppress_ids=(3, 4), suppress_begin_ids=(7, SMALL.eot), timestamps=bool(seed % 3),
-                       sample_begin=begin, max_initial_timestamp_id=TS + 5)
+    rules = LogitRules(
+        special=SMALL,
+        suppress_ids=(3, 4),
+        suppress_begin_ids=(7, SMALL.eot),
+        timestamps=bool(seed % 3),
+        sample_begin=begin,
+        max_initial_timestamp_id=TS + 5,
+    )
     generated = _random_sequence(rng, int(rng.integers(0, 6)), begin)
     raw = rng.normal(0, 3, size=(int(rng.integers(1, 10)), SMALL.vocab_size)).astype(np.float32)
     # Drafts that follow the block's own choices for a while, so that later chunks are read too.
@@ -141,8 +152,9 @@ def test_a_block_read_until_its_first_mismatch_chooses_what_the_whole_block_does
     np.testing.assert_array_equal(block.rule_margins, whole.rule_margins[:read])
     np.testing.assert_array_equal(logits[read:], raw[read:])  # rows never read stay raw
     # Every row greedy acceptance reads is there: up to the first mismatch or accepted end-of-text.
-    needed = next((row + 1 for row, draft in enumerate(drafts)
-                   if draft != whole.tokens[row] or draft == SMALL.eot), raw.shape[0])
+    needed = next(
+        (row + 1 for row, draft in enumerate(drafts) if draft != whole.tokens[row] or draft == SMALL.eot), raw.shape[0]
+    )
     assert needed <= read
     assert read == raw.shape[0] or read == FIRST_ROWS  # two chunks: the first rows, then the rest
 
@@ -175,8 +187,14 @@ def test_block_rules_equal_per_row_rules_on_real_rows(float32_pair, windows, nam
 
 def test_sampling_distribution_is_the_tempered_softmax_of_the_edited_row_over_the_top_k():
     rng = np.random.default_rng(3)
-    rules = LogitRules(special=SMALL, suppress_ids=(3, 4), suppress_begin_ids=(), timestamps=True, sample_begin=0,
-                       max_initial_timestamp_id=TS + 5)
+    rules = LogitRules(
+        special=SMALL,
+        suppress_ids=(3, 4),
+        suppress_begin_ids=(),
+        timestamps=True,
+        sample_begin=0,
+        max_initial_timestamp_id=TS + 5,
+    )
     raw = rng.normal(0, 3, size=(2, SMALL.vocab_size)).astype(np.float32)
     block = rules.choose_block(raw, [TS + 1, 9], [11])
     for temperature, topk in ((1.0, 0), (0.5, 0), (2.0, 5)):

@@ -29,8 +29,9 @@ SHIPPED = os.path.join(SHIPPED_DRAFTERS, "tiny.en")
 @pytest.fixture(scope="module")
 def random_checkpoint(model_path, tmp_path_factory):
     """A one-layer drafter for tiny.en with random weights and a 512-token shortlist."""
-    config = DrafterConfig(target=target_identity(model_path, "tiny.en"), num_layers=1, shortlist_size=512,
-                           causal_blocks=True)
+    config = DrafterConfig(
+        target=target_identity(model_path, "tiny.en"), num_layers=1, shortlist_size=512, causal_blocks=True
+    )
     torch.manual_seed(0)
     model = FlashDrafterModel(config)
     model.init_from_target(CT2ModelFile(model_path))
@@ -100,7 +101,9 @@ def test_float32_graphs_keep_the_transcript_exact(float32_pair, clips, converted
     with flash.use_drafter(OnnxDrafter(out, model_path, precision="float32", min_confidence=0.0)):
         flash.reset_spec_stats()
         for name in ("clip03_rms.ogg", "clip08_slt.ogg"):
-            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(
+                name, clips[name], beam_size=1
+            )
         assert flash.spec_stats.proposed > 0
 
 
@@ -190,8 +193,9 @@ def test_a_missing_onnx_runtime_is_refused_at_construction(converted, model_path
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "onnxruntime"
-                        else find_spec(name, *args))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "onnxruntime" else find_spec(name, *args)
+    )
     with pytest.raises(ImportError, match="pip install onnxruntime"):
         OnnxDrafter(converted[0], model_path)
 
@@ -207,8 +211,9 @@ def test_the_graphs_open_at_the_first_window(converted, model_path):
     assert len(drafter.propose([50257, 50362], 4).tokens) <= 4
 
 
-def test_a_drafter_onnx_runtime_cannot_open_leaves_the_model_decoding(float32_pair, clips, converted, model_path,
-                                                                     tmp_path, caplog):
+def test_a_drafter_onnx_runtime_cannot_open_leaves_the_model_decoding(
+    float32_pair, clips, converted, model_path, tmp_path, caplog
+):
     """Graphs that pass the construction's checks (their digests recorded anew, as a hand edit
     would) but that ONNX Runtime cannot open: the first call about to run the loop warns once
     and goes to generate(), as does every later call with that drafter; nothing raises mid-
@@ -230,7 +235,9 @@ def test_a_drafter_onnx_runtime_cannot_open_leaves_the_model_decoding(float32_pa
     with flash.use_drafter(drafter), caplog.at_level(logging.WARNING, logger="ct2_flash"):
         flash.reset_spec_stats()
         for name in names:
-            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(
+                name, clips[name], beam_size=1
+            )
         stats = flash.spec_stats
         assert stats.proposed == 0 and stats.fallback_calls >= len(names)
     warnings = [r.getMessage() for r in caplog.records if "could not be opened" in r.getMessage()]
@@ -238,8 +245,9 @@ def test_a_drafter_onnx_runtime_cannot_open_leaves_the_model_decoding(float32_pa
     # Another drafter in its place drafts again.
     with flash.use_drafter(OnnxDrafter(out, model_path)):
         flash.reset_spec_stats()
-        assert segments_of(flash, clips[names[0]], beam_size=1) == float32_pair.reference(names[0], clips[names[0]],
-                                                                                          beam_size=1)
+        assert segments_of(flash, clips[names[0]], beam_size=1) == float32_pair.reference(
+            names[0], clips[names[0]], beam_size=1
+        )
         assert flash.spec_stats.proposed > 0
 
 
@@ -256,8 +264,9 @@ def _window(rng, frames):
     one's do not)."""
     from ct2_flash.drafting.base import DraftWindow, DecodingOptions
 
-    return DraftWindow(rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362),
-                       DecodingOptions(sampling_topk=0), 50256)
+    return DraftWindow(
+        rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362), DecodingOptions(sampling_topk=0), 50256
+    )
 
 
 def _sampled_pair(out, model_path, rng, frames):

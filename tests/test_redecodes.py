@@ -44,8 +44,9 @@ OPTIONS = {
 FAST = ("timestamps", "fallback to the same temperature")
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(case, marks=() if case in FAST else pytest.mark.slow) for case in OPTIONS])
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=() if case in FAST else pytest.mark.slow) for case in OPTIONS]
+)
 def test_growing_buffers_are_decoded_as_faster_whisper_decodes_them(float32_pair, clips, case):
     audio = clips["long_multi_voice.ogg"]
     buffers = _growing(audio, [3, 5, 7] if case in FAST else [3, 6, 9, 12, 15, 18])
@@ -111,6 +112,7 @@ def test_an_encoded_window_carries_its_audio_and_fingerprint_to_generate(float32
 
     flash = float32_pair.flash
     speculative = flash.model
+
     def storage(audio):  # as faster-whisper hands features to encode()
         return ctranslate2.StorageView.from_array(np.ascontiguousarray(flash.window_features(audio)[None]))
 
@@ -155,8 +157,10 @@ def test_only_a_one_row_batch_on_the_host_has_a_fingerprint():
 # prompt: the window after the seek holds 0.02 s of audio, where tiny.en says one token again
 # and again up to the length limit.
 LOOPING_BUFFER = (1056320, 1184000)
-LOOPING_PROMPT = (" where a connecting service departs 20 minutes later. refreshments are available in Coachec. "
-                  "I work waterly report shows revenue of 42 million and increase of 11% over last")
+LOOPING_PROMPT = (
+    " where a connecting service departs 20 minutes later. refreshments are available in Coachec. "
+    "I work waterly report shows revenue of 42 million and increase of 11% over last"
+)
 
 
 def _routed_to_generate(monkeypatch, flash):
@@ -196,8 +200,9 @@ def test_a_decode_stopped_early_is_finished_in_the_loop_exactly(float32_pair, cl
     assert flash.spec_stats.generate_rows >= windows
 
 
-def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_decodes_it(float32_pair, clips,
-                                                                                           monkeypatch):
+def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_decodes_it(
+    float32_pair, clips, monkeypatch
+):
     flash = float32_pair.flash
     _routed_to_generate(monkeypatch, flash)
     audio = clips["long_multi_voice.ogg"][LOOPING_BUFFER[0] : LOOPING_BUFFER[1]]

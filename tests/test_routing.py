@@ -53,11 +53,14 @@ def test_a_process_of_few_calls_never_runs_the_loop_even_when_it_would_lose_badl
     assert not any(ways)
 
 
-@pytest.mark.parametrize("loss, most_probes, most_overhead", [
-    (0.3, 10, 0.012),  # a 30% loss: about one probe in 30 calls keeps the probes' cost near 1%
-    (1.0, 5, 0.02),  # larger losses: never more often than one probe in 64 calls
-    (3.0, 5, 0.06),
-])
+@pytest.mark.parametrize(
+    "loss, most_probes, most_overhead",
+    [
+        (0.3, 10, 0.012),  # a 30% loss: about one probe in 30 calls keeps the probes' cost near 1%
+        (1.0, 5, 0.02),  # larger losses: never more often than one probe in 64 calls
+        (3.0, 5, 0.06),
+    ],
+)
 def test_probes_of_a_clear_loser_stay_within_the_budget(loss, most_probes, most_overhead):
     """The probes' extra time stays near 1% of the decoding (PROBE_BUDGET), and a loser is
     probed at most once in 64 calls (MAX_PROBE_INTERVAL) however large its loss: over 300 calls."""
@@ -70,7 +73,7 @@ def test_probes_of_a_clear_loser_stay_within_the_budget(loss, most_probes, most_
 
 def test_keeps_speculating_when_it_is_cheaper():
     ways = _run(CallRouter(), 100, speculative_cost=0.5, generate_cost=1.0)
-    assert not any(ways[:FIRST_PROBE_INTERVAL]) and all(ways[FIRST_PROBE_INTERVAL:FIRST_PROBE_INTERVAL + 10])
+    assert not any(ways[:FIRST_PROBE_INTERVAL]) and all(ways[FIRST_PROBE_INTERVAL : FIRST_PROBE_INTERVAL + 10])
     assert sum(not way for way in ways) <= FIRST_PROBE_INTERVAL + 3
 
 
@@ -97,8 +100,14 @@ def test_a_call_weighs_as_many_tokens_as_it_produced():
 
 def test_without_adaptive_every_call_speculates(model_path, clips):
     """adaptive=False: a policy that would send every call to generate() is not asked."""
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
-                              call_router=ForcedGenerate(), adaptive=False)
+    flash = FlashWhisperModel(
+        model_path,
+        stock_engine=False,
+        compute_type="float32",
+        cpu_threads=THREADS,
+        call_router=ForcedGenerate(),
+        adaptive=False,
+    )
     segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
     assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
 
@@ -108,10 +117,18 @@ def test_the_adaptive_parts_turn_on_alone(model_path, clips):
     route_calls on, it is asked (and sends every call to generate() here)."""
     from ct2_flash import Adaptive
 
-    for adaptive, speculated in [(Adaptive(route_calls=False), True),
-                                 (Adaptive(route_calls=True, pause_drafting=False, draft_lengths=False), False)]:
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
-                                  call_router=ForcedGenerate(), adaptive=adaptive)
+    for adaptive, speculated in [
+        (Adaptive(route_calls=False), True),
+        (Adaptive(route_calls=True, pause_drafting=False, draft_lengths=False), False),
+    ]:
+        flash = FlashWhisperModel(
+            model_path,
+            stock_engine=False,
+            compute_type="float32",
+            cpu_threads=THREADS,
+            call_router=ForcedGenerate(),
+            adaptive=adaptive,
+        )
         segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
         assert (flash.spec_stats.generate_calls > 0) is speculated
         assert (flash.spec_stats.generate_rows == 0) is speculated
@@ -131,7 +148,9 @@ def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips,
     from ct2_flash.validation.drafters import RandomDrafter
 
     pair = float32_pair
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=policy())
+    flash = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=policy()
+    )
     with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
         name = "clip06_awb.ogg"
         got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
@@ -148,19 +167,28 @@ def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips,
 
 def test_generate_way_is_token_identical_at_int8_too(pair, model_path, clips):
     """generate() is faster-whisper's own call, so even int8 matches exactly."""
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=pair.compute_type, cpu_threads=THREADS, call_router=ForcedGenerate())
+    flash = FlashWhisperModel(
+        model_path,
+        stock_engine=False,
+        compute_type=pair.compute_type,
+        cpu_threads=THREADS,
+        call_router=ForcedGenerate(),
+    )
     for name in ("clip02_awb.ogg", "clip11_rms.ogg"):
         assert segments_of(flash, clips[name], beam_size=1) == pair.reference(name, clips[name], beam_size=1)
 
 
-@pytest.mark.parametrize("confidences, slope, chosen", [
-    ([0.99] * 8, 0.05, 8),  # nearly always right, rows nearly free: verify all of them
-    ([0.99, 0.99, 0.99] + [0.02] * 5, 0.1, 3),  # right for three, then wrong: stop there
-    ([0.02] * 8, 0.5, 0),  # nearly always wrong: a plain step
-    ([0.99] * 8, 3.0, 0),  # right, but each row costs three steps: a plain step
-    ([0.9, 0.9], 0.1, 2),  # only two proposed: both
-    ([], 0.1, 0),
-])
+@pytest.mark.parametrize(
+    "confidences, slope, chosen",
+    [
+        ([0.99] * 8, 0.05, 8),  # nearly always right, rows nearly free: verify all of them
+        ([0.99, 0.99, 0.99] + [0.02] * 5, 0.1, 3),  # right for three, then wrong: stop there
+        ([0.02] * 8, 0.5, 0),  # nearly always wrong: a plain step
+        ([0.99] * 8, 3.0, 0),  # right, but each row costs three steps: a plain step
+        ([0.9, 0.9], 0.1, 2),  # only two proposed: both
+        ([], 0.1, 0),
+    ],
+)
 def test_draft_length_picks_the_count_a_cost_curve_makes_best(confidences, slope, chosen):
     """On a synthetic cost curve (a 5 ms step, each verified row ``slope`` of a step more) and a
     drafter calibrated by what it got right, the chosen count is the one that is obviously
@@ -199,13 +227,17 @@ def test_rows_asks_for_every_draft_until_both_costs_are_timed():
     assert 1 <= policy.rows(8) <= 8
 
 
-@pytest.mark.parametrize("acceptance, propose_slope, rows_of_8, rows_of_3", [
-    ([0.9] * 8, 0.14, 8, 3),  # right nine times in ten: the longest drafts pay (7, plus one to explore)
-    ([0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], 0.14, 3, 3),  # right for two, then rarely: 2 + 1
-    ([0.98] * 8, 0.5, 8, 3),  # costly rows, but nearly always right
-])
-def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(acceptance, propose_slope,
-                                                                              rows_of_8, rows_of_3):
+@pytest.mark.parametrize(
+    "acceptance, propose_slope, rows_of_8, rows_of_3",
+    [
+        ([0.9] * 8, 0.14, 8, 3),  # right nine times in ten: the longest drafts pay (7, plus one to explore)
+        ([0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], 0.14, 3, 3),  # right for two, then rarely: 2 + 1
+        ([0.98] * 8, 0.5, 8, 3),  # costly rows, but nearly always right
+    ],
+)
+def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(
+    acceptance, propose_slope, rows_of_8, rows_of_3
+):
     """Before a proposal, k is the row count with the most expected tokens per second of
     verification plus proposal (by the acceptance observed at each position), plus one."""
     policy = DraftLengths()
@@ -225,11 +257,14 @@ def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(a
     assert policy.rows(8) == rows_of_8 and policy.rows(3) == rows_of_3
 
 
-@pytest.mark.parametrize("acceptance, slope, chosen", [
-    (0.97, 0.05, range(24, 33)),  # nearly always right, cheap rows: E(n)/cost(n) is best at 28-30
-    (0.5, 0.1, range(2, 4)),  # right half the time: E(n) = 1 + q + q^2 ... levels off at 2; best at 2
-    (0.0, 0.1, range(0, 1)),  # never right: a plain step
-])
+@pytest.mark.parametrize(
+    "acceptance, slope, chosen",
+    [
+        (0.97, 0.05, range(24, 33)),  # nearly always right, cheap rows: E(n)/cost(n) is best at 28-30
+        (0.5, 0.1, range(2, 4)),  # right half the time: E(n) = 1 + q + q^2 ... levels off at 2; best at 2
+        (0.0, 0.1, range(0, 1)),  # never right: a plain step
+    ],
+)
 def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(acceptance, slope, chosen):
     """Offered tokens are counted apart from the drafter's: their rounds teach the offered
     acceptance and the verification cost, not the acceptance by position the drafter's
@@ -268,14 +303,17 @@ def test_re_decodes_are_routed_by_the_length_of_their_previous_hypothesis():
     assert sum(ways[id(long)][3:]) >= 34
 
 
-@pytest.mark.parametrize("options, prompts, reason", [
-    (dict(beam_size=5), [[50257]], "beam search"),
-    (dict(), [[50257]], "beam search"),  # CTranslate2's default beam_size is 5
-    (dict(beam_size=1, num_hypotheses=2), [[50257]], "several hypotheses"),
-    (dict(beam_size=1, repetition_penalty=1.1), [[50257]], "repetition_penalty"),
-    (dict(beam_size=1, some_future_option=True), [[50257]], "some_future_option"),
-    (dict(beam_size=1), [["<|startoftranscript|>"]], "token strings"),
-])
+@pytest.mark.parametrize(
+    "options, prompts, reason",
+    [
+        (dict(beam_size=5), [[50257]], "beam search"),
+        (dict(), [[50257]], "beam search"),  # CTranslate2's default beam_size is 5
+        (dict(beam_size=1, num_hypotheses=2), [[50257]], "several hypotheses"),
+        (dict(beam_size=1, repetition_penalty=1.1), [[50257]], "repetition_penalty"),
+        (dict(beam_size=1, some_future_option=True), [[50257]], "some_future_option"),
+        (dict(beam_size=1), [["<|startoftranscript|>"]], "token strings"),
+    ],
+)
 def test_a_call_the_loop_cannot_run_is_routed_with_its_reason(options, prompts, reason):
     from ct2_flash.routing import CallRoutes
 
@@ -300,8 +338,9 @@ def test_a_route_says_which_router_decides_and_whether_the_loop_runs():
     standing = inexact_reason("int8", False)
     assert routes.route([[50257]], dict(beam_size=1), standing, lambda: None, True, False).ineligible == standing
     with pytest.raises(ValueError, match="sampling_temperature"):
-        routes.route([[50257]], dict(beam_size=1, sampling_topk=0, sampling_temperature=-1.0), None, lambda: None,
-                     True, False)
+        routes.route(
+            [[50257]], dict(beam_size=1, sampling_topk=0, sampling_temperature=-1.0), None, lambda: None, True, False
+        )
 
 
 def test_a_route_is_made_once_per_call(model_path, clips, monkeypatch):
@@ -315,6 +354,7 @@ def test_a_route_is_made_once_per_call(model_path, clips, monkeypatch):
         def wrapper(*args, **kwargs):
             counts[name] += 1
             return function(*args, **kwargs)
+
         return wrapper
 
     monkeypatch.setattr(SpeculativeWhisper, "generate", counted("generate", SpeculativeWhisper.generate))
@@ -332,13 +372,16 @@ def test_the_former_router_keywords_still_work_and_warn(model_path):
 
     call_router, engine_router = ForcedGenerate(), EngineRouter()
     with pytest.warns(DeprecationWarning, match="call_router"):
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
-                                  policy=call_router)
+        flash = FlashWhisperModel(
+            model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, policy=call_router
+        )
     assert flash.model.call_router is call_router
     with pytest.warns(DeprecationWarning, match="engine_router"):
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS,
-                                  engine_policy=engine_router)
+        flash = FlashWhisperModel(
+            model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, engine_policy=engine_router
+        )
     assert flash.model.engines.engine_router is engine_router
     with pytest.raises(TypeError, match="call_router= only"):
-        FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", policy=call_router,
-                          call_router=ForcedGenerate())
+        FlashWhisperModel(
+            model_path, stock_engine=False, compute_type="float32", policy=call_router, call_router=ForcedGenerate()
+        )

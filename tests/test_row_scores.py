@@ -54,18 +54,21 @@ def test_lane_widths_change_the_score_as_the_kernel_does():
     assert by_isa["GENERIC"] != by_isa["AVX2"] != by_isa["AVX512"]
 
 
-@pytest.mark.parametrize("environ, flags, machine, isa", [
-    ({}, {"sse4_1", "avx", "avx2"}, "x86_64", "AVX2"),
-    # AVX-512 machines still run the AVX2 kernels unless asked: CTranslate2 does not dispatch AVX-512.
-    ({}, {"avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}, "x86_64", "AVX2"),
-    ({"CT2_FORCE_CPU_ISA": "AVX512"}, {"avx2", "avx512f"}, "x86_64", "AVX512"),
-    ({"CT2_FORCE_CPU_ISA": "GENERIC"}, {"avx2"}, "x86_64", "GENERIC"),
-    ({}, {"avx"}, "x86_64", "AVX"),
-    ({}, {"sse4_1"}, "x86_64", "GENERIC"),
-    ({}, None, "x86_64", "AVX2"),
-    ({}, set(), "aarch64", "NEON"),
-    ({}, set(), "ppc64le", "GENERIC"),
-])
+@pytest.mark.parametrize(
+    "environ, flags, machine, isa",
+    [
+        ({}, {"sse4_1", "avx", "avx2"}, "x86_64", "AVX2"),
+        # AVX-512 machines still run the AVX2 kernels unless asked: CTranslate2 does not dispatch AVX-512.
+        ({}, {"avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}, "x86_64", "AVX2"),
+        ({"CT2_FORCE_CPU_ISA": "AVX512"}, {"avx2", "avx512f"}, "x86_64", "AVX512"),
+        ({"CT2_FORCE_CPU_ISA": "GENERIC"}, {"avx2"}, "x86_64", "GENERIC"),
+        ({}, {"avx"}, "x86_64", "AVX"),
+        ({}, {"sse4_1"}, "x86_64", "GENERIC"),
+        ({}, None, "x86_64", "AVX2"),
+        ({}, set(), "aarch64", "NEON"),
+        ({}, set(), "ppc64le", "GENERIC"),
+    ],
+)
 def test_the_isa_follows_ctranslate2s_dispatch(environ, flags, machine, isa):
     assert isa_of(environ, flags, machine) == isa
 
@@ -105,12 +108,15 @@ def test_no_cpu_flags_on_x86_is_said(fresh_decision, monkeypatch, caplog):
     assert "cannot read the CPU's feature flags" in caplog.text
 
 
-@pytest.mark.parametrize("engine_isa, kept, warning", [
-    ("AVX2", "AVX2", None),
-    ("AVX512", "AVX512", "scores as its AVX512 kernels do, not AVX2"),  # a release that dispatches AVX-512
-    ("GENERIC", "GENERIC", "scores as its GENERIC kernels do"),  # a build without dispatch
-    (None, "AVX2", "no known CTranslate2 kernel gives the engine's scores"),
-])
+@pytest.mark.parametrize(
+    "engine_isa, kept, warning",
+    [
+        ("AVX2", "AVX2", None),
+        ("AVX512", "AVX512", "scores as its AVX512 kernels do, not AVX2"),  # a release that dispatches AVX-512
+        ("GENERIC", "GENERIC", "scores as its GENERIC kernels do"),  # a build without dispatch
+        (None, "AVX2", "no known CTranslate2 kernel gives the engine's scores"),
+    ],
+)
 def test_the_decided_isa_is_checked_against_a_score_of_the_engines(fresh_decision, caplog, engine_isa, kept, warning):
     fresh_decision.isa = "AVX2"
     row = peaked_row()

@@ -36,8 +36,9 @@ print("ok")
 
 def test_the_runtime_imports_without_torch_and_its_converters_still_use_it():
     pytest.importorskip("torch")
-    result = subprocess.run([sys.executable, "-c", FRESH_IMPORT], env=checkout_environment(), capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_IMPORT], env=checkout_environment(), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 
@@ -60,8 +61,13 @@ print("ok")
 
 def test_a_float32_model_imports_onnx_runtime_when_its_loop_first_drafts():
     sample = os.path.join(ROOT, "tests", "data", "clip04_slt.ogg")
-    result = subprocess.run([sys.executable, "-c", DRAFTER_AT_FIRST_USE, sample], env=checkout_environment(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", DRAFTER_AT_FIRST_USE, sample],
+        env=checkout_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 

@@ -21,7 +21,9 @@ SAMPLED = dict(beam_size=1, sampling_topk=0, sampling_temperature=1.0)
 
 @pytest.fixture(scope="module")
 def seeded(model_path):
-    return FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, adaptive=False, seed=7)
+    return FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, adaptive=False, seed=7
+    )
 
 
 def two_sample_statistic(a: Counter, b: Counter) -> tuple:
@@ -34,9 +36,14 @@ def two_sample_statistic(a: Counter, b: Counter) -> tuple:
     return statistic, len(cells) - 1
 
 
-@pytest.mark.parametrize("prompt_name, drafter", [("timestamps", "shipped"),
-                                                   pytest.param("timestamps", "oracle", marks=pytest.mark.slow),
-                                                   pytest.param("no timestamps", "oracle", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "prompt_name, drafter",
+    [
+        ("timestamps", "shipped"),
+        pytest.param("timestamps", "oracle", marks=pytest.mark.slow),
+        pytest.param("no timestamps", "oracle", marks=pytest.mark.slow),
+    ],
+)
 def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt_name, drafter):
     """At T = 1, the first three tokens sampled through the loop follow CTranslate2's own
     sampling (two-sample chi-square over 200 draws each, false-alarm rate 1e-3), with drafts
@@ -50,13 +57,17 @@ def test_loop_samples_the_first_tokens_as_ctranslate2_does(seeded, clips, prompt
     options = dict(SAMPLED, max_length=len(prompt) + 6)  # 3 steps: min(max_length // 2, max_length - context)
     # One hypothesis per call: CTranslate2 decodes num_hypotheses=200 as a batch of 200 rows
     # over the whole window, slower than 200 single calls; each call samples afresh either way.
-    theirs = Counter(tuple(flash.reference_model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
-                     for _ in range(draws))
+    theirs = Counter(
+        tuple(flash.reference_model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
+        for _ in range(draws)
+    )
     chosen = OracleDrafter(flash.reference_model) if drafter == "oracle" else flash.decoder.drafter
     flash.reset_spec_stats()
     with flash.use_drafter(chosen):
-        ours = Counter(tuple(flash.model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
-                       for _ in range(draws))
+        ours = Counter(
+            tuple(flash.model.generate(encoder_output, [prompt], **options)[0].sequences_ids[0][:3])
+            for _ in range(draws)
+        )
         stats = flash.spec_stats
     assert stats.draft_rounds > 0 and 0 < stats.acceptance_rate < 1  # drafts were judged both ways
     assert (stats.drawn_rounds > 0) == (drafter == "shipped")  # drafts drawn from q only from the shipped drafter
@@ -85,18 +96,44 @@ def test_seeded_sampling_repeats(model_path, clips):
     (``test_loop_samples_the_first_tokens_as_ctranslate2_does``)."""
     audio = clips["clip04_slt.ogg"]
     runs = {}
-    cases = ((3, "oracle"), (3, "oracle"), (3, "random"), (3, "random"), (3, "outright"), (3, "outright"),
-             (3, "drawn"), (3, "drawn"), (4, "drawn"))
+    cases = (
+        (3, "oracle"),
+        (3, "oracle"),
+        (3, "random"),
+        (3, "random"),
+        (3, "outright"),
+        (3, "outright"),
+        (3, "drawn"),
+        (3, "drawn"),
+        (4, "drawn"),
+    )
     for index, (seed, drafter) in enumerate(cases):
         # adaptive (the users' default): a seeded sampled call must not let timings choose its shapes.
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, seed=seed,
-                                  draw_drafts=drafter != "outright")
+        flash = FlashWhisperModel(
+            model_path,
+            stock_engine=False,
+            compute_type="float32",
+            cpu_threads=THREADS,
+            seed=seed,
+            draw_drafts=drafter != "outright",
+        )
         encoder_output = flash.encode_window(audio)
-        chosen = {"oracle": OracleDrafter(flash.reference_model), "random": RandomDrafter(51864, seed=1),
-                  "outright": flash.decoder.drafter, "drawn": flash.decoder.drafter}[drafter]
+        chosen = {
+            "oracle": OracleDrafter(flash.reference_model),
+            "random": RandomDrafter(51864, seed=1),
+            "outright": flash.decoder.drafter,
+            "drawn": flash.decoder.drafter,
+        }[drafter]
         with flash.use_drafter(chosen, adaptive=True):
-            result = flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
-                                          sampling_temperature=1.0, num_hypotheses=2, return_scores=True)[0]
+            result = flash.model.generate(
+                encoder_output,
+                [[50257]],
+                beam_size=1,
+                sampling_topk=0,
+                sampling_temperature=1.0,
+                num_hypotheses=2,
+                return_scores=True,
+            )[0]
         runs[index] = (result.sequences_ids, result.scores)
     for first in range(0, 8, 2):
         assert runs[first] == runs[first + 1], cases[first]  # tokens and scores, bit for bit
@@ -106,12 +143,21 @@ def test_seeded_sampling_repeats(model_path, clips):
 def test_best_of_returns_hypotheses_best_score_first(seeded, clips):
     flash = seeded
     encoder_output = flash.encode_window(clips["clip02_awb.ogg"])
-    result = flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0, sampling_temperature=0.8,
-                                  num_hypotheses=4, return_scores=True, return_no_speech_prob=True)[0]
+    result = flash.model.generate(
+        encoder_output,
+        [[50257]],
+        beam_size=1,
+        sampling_topk=0,
+        sampling_temperature=0.8,
+        num_hypotheses=4,
+        return_scores=True,
+        return_no_speech_prob=True,
+    )[0]
     assert len(result.sequences_ids) == len(result.sequences) == len(result.scores) == 4
     assert result.scores == sorted(result.scores, reverse=True) and all(math.isfinite(s) for s in result.scores)
-    reference = flash.reference_model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0,
-                                            sampling_temperature=0.8, return_no_speech_prob=True)[0]
+    reference = flash.reference_model.generate(
+        encoder_output, [[50257]], beam_size=1, sampling_topk=0, sampling_temperature=0.8, return_no_speech_prob=True
+    )[0]
     assert result.no_speech_prob == pytest.approx(reference.no_speech_prob, abs=1e-6)
 
 
@@ -120,21 +166,25 @@ def test_transcribe_runs_the_temperature_fallback_through_the_loop(seeded, clips
     flash = seeded
     flash.reset_spec_stats()
     # A compression-ratio threshold no window passes forces every retry down the list.
-    segments, _ = flash.transcribe(clips["clip03_rms.ogg"], beam_size=1, temperature=[0.0, 0.5, 1.0], best_of=2,
-                                   compression_ratio_threshold=0.1)
+    segments, _ = flash.transcribe(
+        clips["clip03_rms.ogg"], beam_size=1, temperature=[0.0, 0.5, 1.0], best_of=2, compression_ratio_threshold=0.1
+    )
     assert list(segments)
     stats = flash.spec_stats
     assert stats.fallback_calls == 0 and stats.generate_calls >= 1 + 2 * 2
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(sampling_temperature=-0.5, sampling_topk=0), "sampling_temperature"),
-    (dict(sampling_temperature=float("nan"), sampling_topk=0), "sampling_temperature"),
-    (dict(sampling_temperature=float("inf"), sampling_topk=0), "sampling_temperature"),
-    (dict(sampling_topk=-1), "sampling_topk"),
-    (dict(num_hypotheses=0, sampling_topk=0), "number of hypotheses"),
-    (dict(num_hypotheses=3), "number of hypotheses"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(sampling_temperature=-0.5, sampling_topk=0), "sampling_temperature"),
+        (dict(sampling_temperature=float("nan"), sampling_topk=0), "sampling_temperature"),
+        (dict(sampling_temperature=float("inf"), sampling_topk=0), "sampling_temperature"),
+        (dict(sampling_topk=-1), "sampling_topk"),
+        (dict(num_hypotheses=0, sampling_topk=0), "number of hypotheses"),
+        (dict(num_hypotheses=3), "number of hypotheses"),
+    ],
+)
 def test_bad_sampling_options_fail_before_decoding(seeded, clips, options, message):
     flash = seeded
     encoder_output = flash.encode_window(clips["clip02_awb.ogg"])
@@ -153,16 +203,28 @@ def test_drafts_drawn_from_the_drafter_obey_the_targets_rules():
     from ct2_flash.runtime.acceptance import SampledAcceptance
     from ct2_flash.runtime.logit_rules import LogitRules, SpecialTokens
 
-    special = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362,
-                            vocab_size=51864)
+    special = SpecialTokens(
+        eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, vocab_size=51864
+    )
     ts = special.timestamp_begin
-    rules = LogitRules(special=special, suppress_ids=(11,), suppress_begin_ids=(), timestamps=True,
-                       max_initial_timestamp_id=ts + 50, sample_begin=0)
+    rules = LogitRules(
+        special=special,
+        suppress_ids=(11,),
+        suppress_begin_ids=(),
+        timestamps=True,
+        max_initial_timestamp_id=ts + 50,
+        sample_begin=0,
+    )
     vocabulary = np.array([11, 262, 290, special.eot, ts, ts + 3, ts + 10], dtype=np.int64)
     # Every position prefers ts + 3 (logit 9) over text (5 for a suppressed token, 1 for others).
     logits = np.array([[5.0, 1.0, 1.0, 0.0, 0.0, 9.0, 0.0]] * 3, dtype=np.float32)
-    sampling = SampledAcceptance(DecodingOptions(sampling_temperature=1.0, sampling_topk=0), uniforms=np.full((10, 2), 0.5),
-                                 draft_uniforms=np.full(10, 0.5), draw_drafts=True, eot=special.eot)
+    sampling = SampledAcceptance(
+        DecodingOptions(sampling_temperature=1.0, sampling_topk=0),
+        uniforms=np.full((10, 2), 0.5),
+        draft_uniforms=np.full(10, 0.5),
+        draw_drafts=True,
+        eot=special.eot,
+    )
     drafts, probs = sampling.draw_from(Proposal(tokens=(0, 0, 0), logits=logits, vocabulary=vocabulary), 3, rules, [])
     assert drafts[0] == ts + 3  # the first token must be a timestamp: text has no mass
     assert probs.shape == (len(drafts), 51864) and np.allclose(probs.sum(axis=1), 1.0)

@@ -84,18 +84,24 @@ def test_worker_answers_as_the_patched_runtime_does(model_path, float32_pair, cl
         engine.close()
 
 
-@pytest.mark.parametrize("options, names", [
-    ({"beam_size": 1}, SHORT),
-    ({"beam_size": 5}, SHORT[:1]),
-    ({"beam_size": 1, "word_timestamps": True}, SHORT[2:]),
-    pytest.param({"beam_size": 1}, None, marks=pytest.mark.slow),
-    pytest.param({"beam_size": 5}, None, marks=pytest.mark.slow),
-    pytest.param({"beam_size": 1, "word_timestamps": True}, None, marks=pytest.mark.slow),
-], ids=["greedy", "beam", "words", "greedy-all", "beam-all", "words-all"])
+@pytest.mark.parametrize(
+    "options, names",
+    [
+        ({"beam_size": 1}, SHORT),
+        ({"beam_size": 5}, SHORT[:1]),
+        ({"beam_size": 1, "word_timestamps": True}, SHORT[2:]),
+        pytest.param({"beam_size": 1}, None, marks=pytest.mark.slow),
+        pytest.param({"beam_size": 5}, None, marks=pytest.mark.slow),
+        pytest.param({"beam_size": 1, "word_timestamps": True}, None, marks=pytest.mark.slow),
+    ],
+    ids=["greedy", "beam", "words", "greedy-all", "beam-all", "words-all"],
+)
 def test_model_with_the_worker_gives_the_same_segments(stock_flash, float32_pair, clips, options, names):
     stock_flash.reset_spec_stats()
     for name in names or clips:
-        assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(name, clips[name], **options), name
+        assert segments_of(stock_flash, clips[name], **options) == float32_pair.reference(
+            name, clips[name], **options
+        ), name
     engines = stock_flash.model.engines
     assert engines.stock.running and engines.stock_failures == 0
 
@@ -128,8 +134,15 @@ def test_greedy_calls_run_on_the_engine_the_policy_picks(model_path, float32_pai
     from .test_routing import ForcedGenerate
 
     # Every call outside the loop (no re-decodes: their policy tries the loop first).
-    flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True,
-                              call_router=ForcedGenerate(), engine_router=OnePatched(), redecodes=False)
+    flash = FlashWhisperModel(
+        model_path,
+        compute_type="float32",
+        cpu_threads=THREADS,
+        stock_engine=True,
+        call_router=ForcedGenerate(),
+        engine_router=OnePatched(),
+        redecodes=False,
+    )
     engines = flash.model.engines
     name = SHORT[0]
     for options in ({"beam_size": 1}, {"beam_size": 1}, {"beam_size": 5}):
@@ -161,7 +174,9 @@ def stock_faster_whisper(model_path):
 
 
 @pytest.mark.parametrize("compute_type", ["int8", "float32"])
-def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(stock_faster_whisper, clips, model_path, compute_type):
+def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(
+    stock_faster_whisper, clips, model_path, compute_type
+):
     """What users run today is the reference: the default model (worker on) gives its tokens,
     also with every greedy call on the patched runtime (from the worker's encoder output)."""
     policy = OnePatched(forced=False)
@@ -295,13 +310,16 @@ def test_a_hung_worker_times_out(model_path, float32_pair, clips, monkeypatch):
     flash.model.engines.close()
 
 
-def test_a_missing_stock_engine_warns_once_and_changes_nothing(model_path, float32_pair, clips, tmp_path, monkeypatch,
-                                                               caplog):
+def test_a_missing_stock_engine_warns_once_and_changes_nothing(
+    model_path, float32_pair, clips, tmp_path, monkeypatch, caplog
+):
     monkeypatch.setenv("CT2_FLASH_STOCK_DIR", str(tmp_path / "nowhere"))
     flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS, stock_engine=True)
     with caplog.at_level(logging.WARNING, logger="ct2_flash"):
         for name in SHORT[:2]:
-            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(
+                name, clips[name], beam_size=1
+            )
     warnings = [r.getMessage() for r in caplog.records if "stock ctranslate2 is not installed" in r.getMessage()]
     assert len(warnings) == 1 and "scripts/install.sh" in warnings[0]
     assert flash.model.engines.stock.disabled and not flash.model.engines.stock.running
@@ -323,26 +341,36 @@ def _break(failure, tmp_path, monkeypatch):
 
         monkeypatch.setattr(StockEngine, "__init__", init)
     else:  # /dev/shm full: no block for the features
+
         def full(self, size):
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(protocol.Blocks, "create", full)
 
 
-@pytest.mark.parametrize("failure, message", [
-    pytest.param("broken install", "did not start", marks=pytest.mark.slow),
-    pytest.param("unloadable model", "could not load", marks=pytest.mark.slow),
-    ("no shared memory", "shared memory of"),
-])
-def test_a_stock_engine_that_cannot_serve_warns_once_and_changes_nothing(model_path, float32_pair, clips, tmp_path,
-                                                                         monkeypatch, caplog, failure, message):
+@pytest.mark.parametrize(
+    "failure, message",
+    [
+        pytest.param("broken install", "did not start", marks=pytest.mark.slow),
+        pytest.param("unloadable model", "could not load", marks=pytest.mark.slow),
+        ("no shared memory", "shared memory of"),
+    ],
+)
+def test_a_stock_engine_that_cannot_serve_warns_once_and_changes_nothing(
+    model_path, float32_pair, clips, tmp_path, monkeypatch, caplog, failure, message
+):
     _break(failure, tmp_path, monkeypatch)
     flash = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=THREADS)
     with caplog.at_level(logging.WARNING, logger="ct2_flash"):
         for name in SHORT[:2]:
-            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(name, clips[name], beam_size=1)
-    warnings = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and "patched runtime serves" in r.getMessage()]
+            assert segments_of(flash, clips[name], beam_size=1) == float32_pair.reference(
+                name, clips[name], beam_size=1
+            )
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "patched runtime serves" in r.getMessage()
+    ]
     assert len(warnings) == 1 and message in warnings[0], warnings
     assert flash.model.engines.stock_failures >= 1
     flash.model.engines.close()
@@ -394,8 +422,12 @@ def test_the_worker_serves_inter_threads_requests_at_once(model_path, float32_pa
         for _ in range(3):
             seconds = engine.timings["generate"][2]
             started = time.perf_counter()
-            got = _in_parallel(2, lambda index: engine.generate(engine.encode(features[index]), [[50257]],
-                                                                 {"beam_size": 5})[0].sequences_ids)
+            got = _in_parallel(
+                2,
+                lambda index: (
+                    engine.generate(engine.encode(features[index]), [[50257]], {"beam_size": 5})[0].sequences_ids
+                ),
+            )
             wall = time.perf_counter() - started
             assert got == alone  # each thread its own answer
             overlapped += engine.timings["generate"][2] - seconds > wall
@@ -413,8 +445,11 @@ def test_a_worker_dying_under_two_requests_fails_both_and_starts_once(model_path
         first = engine._process.pid
         os.kill(first, signal.SIGSTOP)  # both requests are sent before it dies
         results = []
-        asking = threading.Thread(target=lambda: results.extend(
-            _in_parallel(2, lambda index: engine.generate(remote, [[50257]], {"beam_size": 1}))))
+        asking = threading.Thread(
+            target=lambda: results.extend(
+                _in_parallel(2, lambda index: engine.generate(remote, [[50257]], {"beam_size": 1}))
+            )
+        )
         asking.start()
         deadline = time.monotonic() + 30
         while len(engine._channel._calls) < 2 and time.monotonic() < deadline:

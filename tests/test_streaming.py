@@ -71,13 +71,17 @@ class Ramp:
     def transcribe(self, audio, **options):
         offset = round(float(audio[0]) * 1000, 3)
         end = offset + audio.size / RATE
-        words = [self.Item(start=t - offset, end=t + 0.4 - offset, word=f" w{int(t * 2)}")
-                 for t in np.arange(np.ceil(offset * 2) / 2, end - 0.5, 0.5)]
+        words = [
+            self.Item(start=t - offset, end=t + 0.4 - offset, word=f" w{int(t * 2)}")
+            for t in np.arange(np.ceil(offset * 2) / 2, end - 0.5, 0.5)
+        ]
         segments = {}
         for word in words:
             segments.setdefault(int((word.start + offset) // 2), []).append(word)
-        return [self.Item(start=ws[0].start, end=ws[-1].end, no_speech_prob=0.0, words=ws)
-                for _, ws in sorted(segments.items())], None
+        return [
+            self.Item(start=ws[0].start, end=ws[-1].end, no_speech_prob=0.0, words=ws)
+            for _, ws in sorted(segments.items())
+        ], None
 
 
 def test_a_long_stream_trims_its_buffer_at_committed_segments_and_loses_no_word():
@@ -97,13 +101,16 @@ class Unused:
         raise AssertionError("nothing should be transcribed")
 
 
-@pytest.mark.parametrize("chunk, sampling_rate, message", [
-    (np.zeros(160, np.int16), RATE, "floating-point samples"),
-    (np.zeros((160, 2), np.float32), RATE, "1-D mono waveform"),
-    (np.array([0.0, np.nan], np.float32), RATE, "NaN"),
-    (np.array([0.0, np.inf], np.float32), RATE, "NaN or infinite"),
-    (np.zeros(160, np.float32), 8000, "16000 Hz"),
-])
+@pytest.mark.parametrize(
+    "chunk, sampling_rate, message",
+    [
+        (np.zeros(160, np.int16), RATE, "floating-point samples"),
+        (np.zeros((160, 2), np.float32), RATE, "1-D mono waveform"),
+        (np.array([0.0, np.nan], np.float32), RATE, "NaN"),
+        (np.array([0.0, np.inf], np.float32), RATE, "NaN or infinite"),
+        (np.zeros(160, np.float32), 8000, "16000 Hz"),
+    ],
+)
 def test_a_bad_chunk_is_refused_and_nothing_is_appended(chunk, sampling_rate, message):
     processor = OnlineProcessor(Unused())
     processor.insert_audio(np.zeros(1600, np.float32))

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 
-
 def encode(model, audio):
     return model.encode_window(audio)
 
@@ -149,8 +148,11 @@ def test_token_scores_follow_ctranslate2s_own_log_softmax(float32_pair, window):
     assert list(block.tokens) == tokens
     ours = block.log_probs(tokens)
     edited = block.edited.astype(np.float64)
-    exact = edited[np.arange(len(tokens)), tokens] - np.log(np.exp(edited - edited.max(axis=1, keepdims=True)).sum(axis=1)) \
+    exact = (
+        edited[np.arange(len(tokens)), tokens]
+        - np.log(np.exp(edited - edited.max(axis=1, keepdims=True)).sum(axis=1))
         - edited.max(axis=1)
+    )
     # Measured 2e-7 at most (the exp kernels' own last bits), under AVX2 and GENERIC alike; 4e-7
     # under AVX512 (docs/exactness.md).
     assert np.abs(ours - engine).max() < 2e-6
@@ -192,10 +194,21 @@ def test_token_scores_follow_the_engine_under_another_isa(isa):
 
     here = os.path.dirname(os.path.abspath(__file__))
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         f"{os.path.join(here, 'test_target.py')}::test_token_scores_follow_ctranslate2s_own_log_softmax"],
-        env=dict(os.environ, CT2_FORCE_CPU_ISA=isa), cwd=os.path.dirname(here),
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{os.path.join(here, 'test_target.py')}::test_token_scores_follow_ctranslate2s_own_log_softmax",
+        ],
+        env=dict(os.environ, CT2_FORCE_CPU_ISA=isa),
+        cwd=os.path.dirname(here),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "1 passed" in completed.stdout
 

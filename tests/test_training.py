@@ -14,7 +14,6 @@ from ct2_flash.train.extract import extract  # noqa: E402
 from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights, snapshot  # noqa: E402
 
 
-
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, clips):
     """A data directory laid out as the synth step writes it, from two test clips."""
@@ -24,7 +23,12 @@ def teacher_dir(tmp_path_factory, clips):
         for index, (name, split) in enumerate([("clip08_slt.ogg", "train"), ("clip09_kal16.ogg", "validation")]):
             audio = (clips[name] * 32767).astype(np.int16)
             np.save(root / "audio" / f"utt{index:06d}.npy", audio)
-            manifest.write(json.dumps({"id": f"utt{index:06d}", "split": split, "voice": name, "text": "", "seconds": audio.size / 16000}) + "\n")
+            manifest.write(
+                json.dumps(
+                    {"id": f"utt{index:06d}", "split": split, "voice": name, "text": "", "seconds": audio.size / 16000}
+                )
+                + "\n"
+            )
     assert extract(str(root), progress=False) == 2
     assert extract(str(root), progress=False) == 0  # resumes: nothing left
     return str(root)
@@ -58,7 +62,15 @@ def test_batch_labels_follow_their_anchor(teacher_dir):
 
 
 def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
-    config = FitConfig(steps=3, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=3, save_every=2, validation_windows=1)
+    config = FitConfig(
+        steps=3,
+        batch_size=1,
+        blocks_per_utterance=4,
+        warmup_steps=1,
+        validate_every=3,
+        save_every=2,
+        validation_windows=1,
+    )
     out = str(tmp_path / "run")
     meta = fit(teacher_dir, out, config, shortlist_size=4096, progress=False)
     assert meta["step"] == 3 and len(meta["losses"]) == 3 and len(meta["validations"]) == 1
@@ -85,7 +97,7 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
     copy = load_checkpoint(snapshot(out, str(tmp_path / "snapshot")), model_path)
     assert copy.config.causal_blocks and copy.config.shortlist_size == 4096
     weights = copy.state_dict()
-    trained = {name[len("model."):]: tensor for name, tensor in saved.items() if name.startswith("model.")}
+    trained = {name[len("model.") :]: tensor for name, tensor in saved.items() if name.startswith("model.")}
     assert "mask_embedding" in trained and len(trained) > 10
     assert all(torch.equal(weights[name], tensor) for name, tensor in trained.items())
     with pytest.raises(FileNotFoundError, match="no saved training state"):
@@ -94,7 +106,9 @@ def test_fit_few_steps_and_resume(teacher_dir, model_path, tmp_path):
 
 
 def test_fit_from_a_checkpoint_keeps_its_shortlist(teacher_dir, model_path, tmp_path):
-    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=2, validation_windows=1)
+    config = FitConfig(
+        steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=2, validation_windows=1
+    )
     first = str(tmp_path / "first")
     fit(teacher_dir, first, config, shortlist_size=4096, progress=False)
     start = load_checkpoint(os.path.join(first, "best"), model_path)
@@ -109,7 +123,14 @@ def test_fit_from_a_checkpoint_keeps_its_shortlist(teacher_dir, model_path, tmp_
     assert [v["step"] for v in meta["validations"]] == [0, 2]
     assert meta["best"] == max(v["mean_accepted_length"] for v in meta["validations"])
     with pytest.raises(ValueError, match="use_audio=False"):
-        fit(teacher_dir, str(tmp_path / "third"), config, progress=False, init_from=os.path.join(first, "best"), use_audio=False)
+        fit(
+            teacher_dir,
+            str(tmp_path / "third"),
+            config,
+            progress=False,
+            init_from=os.path.join(first, "best"),
+            use_audio=False,
+        )
 
 
 def test_teacher_distribution_and_audio_frames(teacher_dir, clips):
@@ -150,8 +171,11 @@ def test_distillation_on_a_one_hot_teacher_is_the_cross_entropy(teacher_dir, mod
     model.shortlist.copy_(torch.arange(51864))
     full_to_short = torch.arange(51864)
     labels = batch["labels"]
-    one_hot = dict(batch, soft_ids=labels.clamp(min=0)[..., None].expand(-1, -1, -1, 2).contiguous(),
-                   soft_log_probs=torch.tensor([0.0, float("-inf")]).expand(*labels.shape, 2).contiguous())
+    one_hot = dict(
+        batch,
+        soft_ids=labels.clamp(min=0)[..., None].expand(-1, -1, -1, 2).contiguous(),
+        soft_log_probs=torch.tensor([0.0, float("-inf")]).expand(*labels.shape, 2).contiguous(),
+    )
     with torch.no_grad():
         plain = loss_of(model, batch, full_to_short)
         distilled = loss_of(model, one_hot, full_to_short, kl_weight=1.0)
@@ -175,7 +199,10 @@ def test_batches_by_length_come_from_one_neighbourhood_and_cover_every_utterance
         assert len(batch) == 8 and places[-1] - places[0] < 32
         seen.update(batch)
     assert seen == set(by_length)
-    assert sample_batch(by_length[:3], 8, np.random.default_rng(0)) and len(sample_batch(by_length[:3], 8, np.random.default_rng(0))) == 8
+    assert (
+        sample_batch(by_length[:3], 8, np.random.default_rng(0))
+        and len(sample_batch(by_length[:3], 8, np.random.default_rng(0))) == 8
+    )
 
 
 def test_attended_frames_point_inside_the_speech_and_advance(teacher_dir):
@@ -211,7 +238,7 @@ def test_batches_read_the_runtime_window_around_the_anchor_position(teacher_dir)
             assert read.tolist() == list(range(start, stop))
             labels = batch["label_frames"][0, slot].numpy()
             follow = example.attended_frames[a + 1 : a + 1 + k]
-            assert labels[: len(follow)].tolist() == follow.tolist() and (labels[len(follow):] == -1).all()
+            assert labels[: len(follow)].tolist() == follow.tolist() and (labels[len(follow) :] == -1).all()
     whole = make_batch([example], k=k, blocks=4, rng=np.random.default_rng(0))
     assert whole["cross_mask"][0].numpy()[:, :own].all() and not whole["cross_mask"][0].numpy()[:, own:].any()
 
@@ -241,8 +268,15 @@ def test_a_resumed_run_keeps_its_utterances_unless_it_grows(teacher_dir, tmp_pat
 
     data = tmp_path / "data"
     shutil.copytree(teacher_dir, data)
-    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=100, save_every=1,
-                       validation_windows=1)
+    config = FitConfig(
+        steps=2,
+        batch_size=1,
+        blocks_per_utterance=4,
+        warmup_steps=1,
+        validate_every=100,
+        save_every=1,
+        validation_windows=1,
+    )
     out = str(tmp_path / "run")
     fit(str(data), out, config, shortlist_size=4096, progress=False)
     shutil.copy(data / "teacher" / "utt000000.npz", data / "teacher" / "utt000002.npz")
@@ -252,7 +286,9 @@ def test_a_resumed_run_keeps_its_utterances_unless_it_grows(teacher_dir, tmp_pat
         stream.write(json.dumps({**record, "id": "utt000002"}) + "\n")
     meta = fit(str(data), out, FitConfig(**{**config.__dict__, "steps": 3}), shortlist_size=4096, progress=False)
     assert meta["train_ids"] == ["utt000000"] and "data_growth" not in meta
-    meta = fit(str(data), out, FitConfig(**{**config.__dict__, "steps": 4}), shortlist_size=4096, progress=False, grow=True)
+    meta = fit(
+        str(data), out, FitConfig(**{**config.__dict__, "steps": 4}), shortlist_size=4096, progress=False, grow=True
+    )
     assert meta["train_ids"] == ["utt000000", "utt000002"] and meta["train_utterances"] == 2
     assert meta["data_growth"] == [{"step": 3, "train_utterances": 2}] and meta["validation_ids"] == ["utt000001"]
 
@@ -265,9 +301,11 @@ def test_a_second_copy_of_a_step_on_one_directory_fails_at_once(tmp_path):
 
     from ct2_flash.train.step_lock import step_lock
 
-    code = ("import sys\nfrom ct2_flash.train.step_lock import step_lock\n"
-            "try:\n    with step_lock(sys.argv[1], 'extract'):\n        pass\n"
-            "except RuntimeError as error:\n    print(error)\n    sys.exit(3)\n")
+    code = (
+        "import sys\nfrom ct2_flash.train.step_lock import step_lock\n"
+        "try:\n    with step_lock(sys.argv[1], 'extract'):\n        pass\n"
+        "except RuntimeError as error:\n    print(error)\n    sys.exit(3)\n"
+    )
     with step_lock(str(tmp_path), "extract"):
         second = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
         assert second.returncode == 3 and "another 'extract' step is already running" in second.stdout
@@ -285,8 +323,15 @@ def test_a_resumed_run_scores_with_its_saved_shortlist(teacher_dir, tmp_path, mo
 
     import ct2_flash.train.fit as fit_module
 
-    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=100, save_every=1,
-                       validation_windows=1)
+    config = FitConfig(
+        steps=2,
+        batch_size=1,
+        blocks_per_utterance=4,
+        warmup_steps=1,
+        validate_every=100,
+        save_every=1,
+        validation_windows=1,
+    )
     first, second = str(tmp_path / "first"), str(tmp_path / "second")
     fit(teacher_dir, first, config, shortlist_size=4096, progress=False)
     shutil.copytree(first, second)
@@ -307,10 +352,18 @@ def test_validation_on_real_speech_chooses_the_checkpoint(teacher_dir, tmp_path)
 
     manifest = tmp_path / "real.tsv"
     manifest.write_text("".join(f"{os.path.join(DATA, name)}\t\n" for name in ("clip00_kal16.ogg", "clip03_rms.ogg")))
-    config = FitConfig(steps=2, batch_size=1, blocks_per_utterance=4, warmup_steps=1, validate_every=1, save_every=1,
-                       validation_windows=2)  # of three recordings: the first and the last
-    manifest.write_text("".join(f"{os.path.join(DATA, name)}\t\n"
-                                for name in ("clip00_kal16.ogg", "clip01_slt.ogg", "clip03_rms.ogg")))
+    config = FitConfig(
+        steps=2,
+        batch_size=1,
+        blocks_per_utterance=4,
+        warmup_steps=1,
+        validate_every=1,
+        save_every=1,
+        validation_windows=2,
+    )  # of three recordings: the first and the last
+    manifest.write_text(
+        "".join(f"{os.path.join(DATA, name)}\t\n" for name in ("clip00_kal16.ogg", "clip01_slt.ogg", "clip03_rms.ogg"))
+    )
     out = str(tmp_path / "run")
     meta = fit(teacher_dir, out, config, shortlist_size=4096, progress=False)
     assert meta["best_by"] == "validation" and "real" not in meta["validations"][-1]
@@ -323,7 +376,10 @@ def test_validation_on_real_speech_chooses_the_checkpoint(teacher_dir, tmp_path)
     report = open(write_report(teacher_dir, out, str(tmp_path / "report")), encoding="utf-8").read()
     assert "chosen by real speech" in report and "first windows of 2 recordings" in report
     # A new run trains causal blocks from its first step, and its report says so.
-    assert meta["causal_blocks_from_step"] == 0 and "causal blocks (a row reads the rows before it) from the start" in report
+    assert (
+        meta["causal_blocks_from_step"] == 0
+        and "causal blocks (a row reads the rows before it) from the start" in report
+    )
 
 
 def test_damaged_teacher_files_are_skipped_and_counted(teacher_dir, tmp_path, monkeypatch):
@@ -356,8 +412,15 @@ def test_damaged_teacher_files_are_skipped_and_counted(teacher_dir, tmp_path, mo
         return reading(example)
 
     monkeypatch.setattr(fit_module.Example, "encoder_output", property(fails_for_utt3))
-    config = FitConfig(steps=4, batch_size=2, blocks_per_utterance=4, warmup_steps=1, validate_every=100, save_every=1,
-                       validation_windows=1)
+    config = FitConfig(
+        steps=4,
+        batch_size=2,
+        blocks_per_utterance=4,
+        warmup_steps=1,
+        validate_every=100,
+        save_every=1,
+        validation_windows=1,
+    )
     out = str(tmp_path / "run")
     meta = fit(str(data), out, config, shortlist_size=4096, progress=False)
     assert meta["step"] == 4 and meta["skipped_files"] == ["utt000002.npz", "utt000003.npz"]

@@ -31,15 +31,17 @@ def words_of(model, audio, **options):
     [
         # Six more prompt and fallback variations, in the slow tier (the fast tier's 10 minutes;
         # the fast tier's fuzz draws prefixes, and VAD with its parameters in 5 of its 10 cases).
-        pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt",
-                     marks=pytest.mark.slow),
+        pytest.param(dict(initial_prompt="Edinburgh, Glasgow, Carlisle."), id="initial_prompt", marks=pytest.mark.slow),
         pytest.param(dict(prefix="The train"), id="prefix", marks=pytest.mark.slow),
         pytest.param(dict(hotwords="platform refreshments"), id="hotwords", marks=pytest.mark.slow),
         pytest.param(dict(condition_on_previous_text=False), id="no-previous-text", marks=pytest.mark.slow),
         pytest.param(dict(vad_filter=True), id="vad", marks=pytest.mark.slow),
         pytest.param(dict(without_timestamps=True, max_new_tokens=12), id="max_new_tokens"),
-        pytest.param(dict(temperature=0.0, log_prob_threshold=None, compression_ratio_threshold=None),
-                     id="no-thresholds", marks=pytest.mark.slow),
+        pytest.param(
+            dict(temperature=0.0, log_prob_threshold=None, compression_ratio_threshold=None),
+            id="no-thresholds",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_transcribe_options_identical(float32_pair, oracle_flash, clips, options):
@@ -145,8 +147,14 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips, float32_
 
     pair = {}
     for compute_type in ("float32", "int8"):
-        split = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=THREADS, decoder_threads=1,
-                                  near_exact=True)
+        split = FlashWhisperModel(
+            model_path,
+            stock_engine=False,
+            compute_type=compute_type,
+            cpu_threads=THREADS,
+            decoder_threads=1,
+            near_exact=True,
+        )
         runtime = split.decoder.runtime
         assert runtime.model is not split.reference_model  # encoder and fallbacks keep cpu_threads
         encoder_output = split.encode_window(clips["clip12_awb.ogg"])
@@ -177,10 +185,14 @@ def test_decoder_threads_split_gives_the_same_tokens(model_path, clips, float32_
     model.model.engines.close()
     model = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS)
     assert model.decoder_split is None and model.decoder.runtime.model is model.reference_model
-    single = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", decoder_threads=None, near_exact=True)
+    single = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="int8", decoder_threads=None, near_exact=True
+    )
     assert single.decoder.runtime.model is single.reference_model
     # Without near_exact the int8 loop never runs: no second model, nothing timed.
-    unused = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, decoder_threads=1)
+    unused = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, decoder_threads=1
+    )
     assert unused.decoder_split is None and unused.decoder.runtime.model is unused.reference_model
 
 
@@ -191,8 +203,13 @@ def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_pat
     from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     with caplog.at_level(logging.WARNING, logger="ct2_flash"):  # named: unnamed, int8 loads no drafter
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", num_draft_tokens=12,
-                                  drafter=os.path.join(SHIPPED_DRAFTERS, "tiny.en"))
+        flash = FlashWhisperModel(
+            model_path,
+            stock_engine=False,
+            compute_type="int8",
+            num_draft_tokens=12,
+            drafter=os.path.join(SHIPPED_DRAFTERS, "tiny.en"),
+        )
     assert flash.decoder.num_draft_tokens == flash.drafter.num_draft_tokens == 8
     assert any("proposes at most 8 per round" in r.getMessage() for r in caplog.records)
 
@@ -282,7 +299,9 @@ def test_one_model_shared_by_four_threads_gives_sequential_outputs(model_path, f
 
     from .conftest import THREADS
 
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, num_workers=4, adaptive=False)
+    flash = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, num_workers=4, adaptive=False
+    )
     names = sorted(n for n in clips if n.startswith("clip"))[:6]
     options = dict(beam_size=1, temperature=0.0)
     results, errors = {}, []
@@ -330,8 +349,20 @@ def test_transcribe_command_writes_what_faster_whisper_segments_give(float32_pai
     bad.write_text("not audio")
     names = ["clip01_slt.ogg", "clip06_awb.ogg"]
     files = [os.path.join(DATA, name) for name in names]
-    code = main(["transcribe", *files, str(bad), "--compute-type", "float32", "--output-format", "all",
-                 "--output-dir", str(tmp_path / "out"), "--word-timestamps"])
+    code = main(
+        [
+            "transcribe",
+            *files,
+            str(bad),
+            "--compute-type",
+            "float32",
+            "--output-format",
+            "all",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--word-timestamps",
+        ]
+    )
     assert code == 1 and "cannot read audio" in capsys.readouterr().err
     for name, path in zip(names, files):
         segments, info = float32_pair.baseline.transcribe(decode_audio(path), beam_size=1, word_timestamps=True)
@@ -388,8 +419,12 @@ def test_the_shipped_drafter_loads_only_where_the_loop_runs(model_path, tmp_path
         pytest.skip("no shipped drafter in this checkout")
     common = dict(stock_engine=False, cpu_threads=2, decoder_threads=None)
     assert type(FlashWhisperModel(model_path, compute_type="int8", **common).drafter) is PromptLookupDrafter
-    assert isinstance(FlashWhisperModel(model_path, compute_type="int8", near_exact=True, **common).drafter, OnnxDrafter)
-    named = FlashWhisperModel(model_path, compute_type="int8", drafter=os.path.join(SHIPPED_DRAFTERS, "tiny.en"), **common)
+    assert isinstance(
+        FlashWhisperModel(model_path, compute_type="int8", near_exact=True, **common).drafter, OnnxDrafter
+    )
+    named = FlashWhisperModel(
+        model_path, compute_type="int8", drafter=os.path.join(SHIPPED_DRAFTERS, "tiny.en"), **common
+    )
     assert isinstance(named.drafter, OnnxDrafter)
     with pytest.raises(CheckpointError):
         FlashWhisperModel(model_path, compute_type="int8", drafter=str(tmp_path / "missing"), **common)

@@ -53,13 +53,22 @@ def main() -> None:
         # The default variant is the one adapt_domains.py made, when it is there.
         out = os.path.join(args.work, f"{args.domain}_float32" if name == "all" else f"{args.domain}_float32_{name}")
         if not os.path.isdir(out):
-            adapt(files, out, AdaptOptions(holdout=args.holdout, **VARIANTS[name]),
-                  resume=os.path.isdir(work_dir_for(out)))
+            adapt(
+                files,
+                out,
+                AdaptOptions(holdout=args.holdout, **VARIANTS[name]),
+                resume=os.path.isdir(work_dir_for(out)),
+            )
         with open(os.path.join(out, REPORT_FILE), encoding="utf-8") as stream:
             report = json.load(stream)
-        results[name] = {"options": VARIANTS[name], "every_round": report["held_out"]["every_round"],
-                         "best_step": report["training"]["best_step"], "steps": report["training"]["steps"],
-                         "seconds": report["seconds"], "curve": report["curve"]}
+        results[name] = {
+            "options": VARIANTS[name],
+            "every_round": report["held_out"]["every_round"],
+            "best_step": report["training"]["best_step"],
+            "steps": report["training"]["steps"],
+            "seconds": report["seconds"],
+            "curve": report["curve"],
+        }
         print(name, json.dumps(results[name]["every_round"]["adapted"]), flush=True)
     document = {"domain": args.domain, "holdout": args.holdout, "command": " ".join(sys.argv), "variants": results}
     write_result(args.out, document)
@@ -74,10 +83,18 @@ def plot(document: dict, path: str) -> None:
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
     for name, result in document["variants"].items():
-        axis.plot([p["step"] for p in result["curve"]], [p["tokens_per_call"] for p in result["curve"]],
-                  marker="o", markersize=3, label=name)
-    axis.set(xlabel="update", ylabel="tokens per target call",
-             title=f"held-out {document['domain']} recordings, every round drafting")
+        axis.plot(
+            [p["step"] for p in result["curve"]],
+            [p["tokens_per_call"] for p in result["curve"]],
+            marker="o",
+            markersize=3,
+            label=name,
+        )
+    axis.set(
+        xlabel="update",
+        ylabel="tokens per target call",
+        title=f"held-out {document['domain']} recordings, every round drafting",
+    )
     axis.legend(fontsize=7)
     save_figure(figure, path)
 

@@ -62,21 +62,44 @@ def main() -> None:
         manifest = os.path.join(args.work, f"{domain}_held_out.tsv")
         count = held_out_manifest(domain, HOLDOUTS[domain], manifest)
         out = os.path.join(args.work, domain)
-        subprocess.run([sys.executable, "-m", "ct2_flash.cli", "bench", "--no-stock-engine", "--manifest", manifest,
-                        "--drafter", "oracle", "--compute-types", "float32", "--repeats", "1", "--out", out], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ct2_flash.cli",
+                "bench",
+                "--no-stock-engine",
+                "--manifest",
+                manifest,
+                "--drafter",
+                "oracle",
+                "--compute-types",
+                "float32",
+                "--repeats",
+                "1",
+                "--out",
+                out,
+            ],
+            check=True,
+        )
         with open(os.path.join(out, "bench.json"), encoding="utf-8") as stream:
             (setting,) = json.load(stream)["settings"]
         summary = setting["summary"]
         results[domain] = {
-            "holdout": HOLDOUTS[domain], "recordings": count, "tokens": summary["generated_tokens"],
+            "holdout": HOLDOUTS[domain],
+            "recordings": count,
+            "tokens": summary["generated_tokens"],
             "oracle_tokens_per_target_call": summary["tokens_per_target_call"],
             "identical": summary["token_identity"],
-            "oracle_speedup_vs_same_engine": {part: summary["speedup"][part]["speedup"] for part in ("decode", "whole")},
+            "oracle_speedup_vs_same_engine": {
+                part: summary["speedup"][part]["speedup"] for part in ("decode", "whole")
+            },
             "every_round_tokens_per_target_call": adapted_figures(os.path.dirname(args.out), domain),
         }
         print(domain, results[domain], flush=True)
-    write_result(args.out, {"what": __doc__.split("\n\n")[0], "command": " ".join(["python", *sys.argv]),
-                            "results": results})
+    write_result(
+        args.out, {"what": __doc__.split("\n\n")[0], "command": " ".join(["python", *sys.argv]), "results": results}
+    )
 
 
 if __name__ == "__main__":

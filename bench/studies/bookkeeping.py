@@ -42,7 +42,9 @@ def main() -> None:
     from ct2_flash.benchmark.speech_sets import fetch
 
     utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
-    model = FlashWhisperModel("tiny.en", stock_engine=False, compute_type="int8", cpu_threads=2, near_exact=True, redecodes=False)  # the int8 loop itself
+    model = FlashWhisperModel(
+        "tiny.en", stock_engine=False, compute_type="int8", cpu_threads=2, near_exact=True, redecodes=False
+    )  # the int8 loop itself
     runtime = model.decoder.runtime
     blocks = []
     accept = decoding._Decoding.accept
@@ -89,16 +91,20 @@ def main() -> None:
     for _ in range(3):
         for logits, generated, draft, rules, strategy in blocks:
             rows = logits.copy()
-            state = decoding._Decoding(rules=rules, generated=list(generated), strategy=strategy,
-                                       steps_left=1 << 20)
+            state = decoding._Decoding(rules=rules, generated=list(generated), strategy=strategy, steps_left=1 << 20)
             seconds, _ = timed(lambda: (runtime.state_columns(rows), state.accept(draft, rows)))
             replay["accept and state columns"] += seconds
     replayed = {key: 1000 * seconds / (3 * len(blocks)) for key, seconds in replay.items()}
 
     document = {
         "what": "bookkeeping per target call: in the loop, and the same blocks replayed with warm caches (ms)",
-        "speech_set": args.speech_set, "utterances": len(utterances), "compute_type": "int8", "threads": 2,
-        "target_calls": calls, "blocks": len(blocks), "rows_per_block": float(np.mean([b[0].shape[0] for b in blocks])),
+        "speech_set": args.speech_set,
+        "utterances": len(utterances),
+        "compute_type": "int8",
+        "threads": 2,
+        "target_calls": calls,
+        "blocks": len(blocks),
+        "rows_per_block": float(np.mean([b[0].shape[0] for b in blocks])),
         "machine": machine(),
         "in_loop_ms": in_loop,
         "replayed_warm_ms": replayed,

@@ -34,15 +34,20 @@ def _drafters(model_path: str, directory: str):
 
     return {
         "pytorch eager, int8 weights, all frames": lambda: _all_frames(
-            FlashDrafter(load_checkpoint(directory, model_path), precision="int8")),
+            FlashDrafter(load_checkpoint(directory, model_path), precision="int8")
+        ),
         "onnx runtime, float32 graphs, all frames": lambda: _all_frames(
-            OnnxDrafter(directory, model_path, precision="float32", audio_window=None)),
+            OnnxDrafter(directory, model_path, precision="float32", audio_window=None)
+        ),
         "onnx runtime, int8 graphs, all frames": lambda: _all_frames(
-            OnnxDrafter(directory, model_path, precision="int8", audio_window=None)),
-        "onnx runtime, int8 graphs, audio frames": lambda: OnnxDrafter(directory, model_path, precision="int8",
-                                                                      audio_window=None),
+            OnnxDrafter(directory, model_path, precision="int8", audio_window=None)
+        ),
+        "onnx runtime, int8 graphs, audio frames": lambda: OnnxDrafter(
+            directory, model_path, precision="int8", audio_window=None
+        ),
         "onnx runtime, int8 graphs, window at the position (default)": lambda: OnnxDrafter(
-            directory, model_path, precision="int8"),
+            directory, model_path, precision="int8"
+        ),
     }
 
 
@@ -70,8 +75,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", default="mfa", choices=["mfa", "pocketsphinx"])
-    parser.add_argument("--audio", nargs="+", default=None,
-                        help="audio files to use instead of the speech set (long recordings: full 30 s windows)")
+    parser.add_argument(
+        "--audio",
+        nargs="+",
+        default=None,
+        help="audio files to use instead of the speech set (long recordings: full 30 s windows)",
+    )
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
@@ -95,8 +104,17 @@ def main() -> None:
     else:
         utterances = read_manifest(fetch(args.speech_set, ""))[: args.limit]
         audio = load_audio(utterances)
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False, guard_margin=0.0, near_exact=True, redecodes=False)
+    flash = FlashWhisperModel(
+        model_path,
+        stock_engine=False,
+        compute_type=args.compute_type,
+        cpu_threads=args.threads,
+        decoder_threads=None,
+        adaptive=False,
+        guard_margin=0.0,
+        near_exact=True,
+        redecodes=False,
+    )
     decoder = flash.decoder
     makers = {"plain steps": NoDrafts, **_drafters(model_path, args.drafter)}
     results = {}
@@ -117,8 +135,10 @@ def main() -> None:
         del decoder.runtime.states_from_columns  # drop the instance patch
         stats = flash.spec_stats
         results[name] = {
-            "rounds": stats.draft_rounds, "target_calls": stats.target_calls,
-            "tokens_per_target_call": stats.tokens_per_call, "acceptance_rate": stats.acceptance_rate,
+            "rounds": stats.draft_rounds,
+            "target_calls": stats.target_calls,
+            "tokens_per_target_call": stats.tokens_per_call,
+            "acceptance_rate": stats.acceptance_rate,
             "verify_ms_per_call": 1e3 * stats.verify_seconds / stats.target_calls,
             "other_ms_per_call": 1e3 * stats.other_seconds / stats.target_calls,
             **{f"{part}_ms": 1e3 * statistics.fmean(values) for part, values in times.items() if values},
@@ -131,14 +151,22 @@ def main() -> None:
             round_ms = result["propose_ms"] + result["advance_ms"] + result.get("recovery_ms", 0.0)
             result["draft_round_ms"] = round_ms
             result["draft_round_in_steps"] = round_ms / step
-    document = {"what": "in-loop draft round cost (propose + history update + state recovery) per drafter",
-                "speech_set": args.speech_set if not args.audio else [os.path.basename(p) for p in args.audio],
-                "utterances": len(utterances), "compute_type": args.compute_type,
-                "threads": args.threads, "machine": machine(),
-                "plain_step_ms": step, "results": results}
+    document = {
+        "what": "in-loop draft round cost (propose + history update + state recovery) per drafter",
+        "speech_set": args.speech_set if not args.audio else [os.path.basename(p) for p in args.audio],
+        "utterances": len(utterances),
+        "compute_type": args.compute_type,
+        "threads": args.threads,
+        "machine": machine(),
+        "plain_step_ms": step,
+        "results": results,
+    }
     write_result(args.out, document)
-    _plot_calibration(results["onnx runtime, int8 graphs, window at the position (default)"]["calibration"], args.out.rsplit(".", 1)[0] + "_calibration.png",
-                      f"{'long recordings' if args.audio else args.speech_set}, {args.compute_type}, int8 graphs")
+    _plot_calibration(
+        results["onnx runtime, int8 graphs, window at the position (default)"]["calibration"],
+        args.out.rsplit(".", 1)[0] + "_calibration.png",
+        f"{'long recordings' if args.audio else args.speech_set}, {args.compute_type}, int8 graphs",
+    )
     for name, result in results.items():
         print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
 

@@ -46,8 +46,10 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
     # As in the loop, the round reads the frames around where the target reads (the default
     # window: 225 frames here), not all 1,500.
     drafter.observe_position(150)
-    return {rows: median_ms(lambda: drafter.propose(tokens, rows), repeats, warmup=10)
-            for rows in range(1, drafter.num_draft_tokens + 1)}
+    return {
+        rows: median_ms(lambda: drafter.propose(tokens, rows), repeats, warmup=10)
+        for rows in range(1, drafter.num_draft_tokens + 1)
+    }
 
 
 class AllRows(DraftLengths):
@@ -80,19 +82,36 @@ def main() -> None:
     # Both arms draft every round of every call (no pauses: a window DraftPause stopped would
     # decode plain steps in one arm and not the other); only the draft lengths follow costs.
     lengths_only = Adaptive(route_calls=False, pause_drafting=False, draft_lengths=True)
-    document = {"what": __doc__.split("\n")[0], "drafter": os.path.abspath(args.drafter),
-                "utterances": len(utterances), "speech_sets": args.speech_sets, "every": args.every,
-                "threads": args.threads, "repeats": args.repeats,
-                "machine": machine(), "results": {}}
+    document = {
+        "what": __doc__.split("\n")[0],
+        "drafter": os.path.abspath(args.drafter),
+        "utterances": len(utterances),
+        "speech_sets": args.speech_sets,
+        "every": args.every,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "machine": machine(),
+        "results": {},
+    }
     for compute_type in args.compute_types:
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, near_exact=True, redecodes=False)
+        flash = FlashWhisperModel(
+            model_path,
+            stock_engine=False,
+            compute_type=compute_type,
+            cpu_threads=args.threads,
+            near_exact=True,
+            redecodes=False,
+        )
         drafter = OnnxDrafter(args.drafter, model_path)
         if not drafter.proposes_prefixes:
             parser.error(f"{args.drafter} was not trained with causal blocks: it always computes K rows")
         proposal_seconds = []
         if "proposal_alone_ms_by_rows" not in document:
             document["proposal_alone_ms_by_rows"] = proposal_alone_ms(flash, drafter, audio[utterances[0].path])
-            print("proposal alone, ms by rows:", {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()})
+            print(
+                "proposal alone, ms by rows:",
+                {k: round(v, 2) for k, v in document["proposal_alone_ms_by_rows"].items()},
+            )
         time_calls(drafter, "propose", proposal_seconds.append)
         arms = {"all K rows": AllRows, "rows the policy chooses": DraftLengths}
         runs = {name: [] for name in arms}
@@ -104,26 +123,38 @@ def main() -> None:
                 with flash.use_drafter(drafter, adaptive=lengths_only, lengths=lengths()):  # each arm learns afresh
                     flash.reset_spec_stats()
                     proposal_seconds.clear()
-                    texts[name] = [" ".join(s.text for s in flash.transcribe(audio[u.path], beam_size=1,
-                                                                             temperature=0.0)[0])
-                                   for u in utterances]
+                    texts[name] = [
+                        " ".join(s.text for s in flash.transcribe(audio[u.path], beam_size=1, temperature=0.0)[0])
+                        for u in utterances
+                    ]
                     stats = flash.spec_stats
-                    runs[name].append({
-                        "decode_seconds": stats.decode_seconds, "drafter_seconds": stats.drafter_seconds,
-                        "verify_seconds": stats.verify_seconds, "other_seconds": stats.other_seconds,
-                        "rounds": stats.draft_rounds, "rows_per_round": stats.drafted_rows / max(stats.draft_rounds, 1),
-                        "proposal_ms": 1e3 * statistics.fmean(proposal_seconds) if proposal_seconds else 0.0,
-                        "target_calls": stats.target_calls, "tokens_per_target_call": stats.tokens_per_call,
-                        "acceptance_rate": stats.acceptance_rate, "rows_rechecked": stats.rows_rechecked,
-                    })
+                    runs[name].append(
+                        {
+                            "decode_seconds": stats.decode_seconds,
+                            "drafter_seconds": stats.drafter_seconds,
+                            "verify_seconds": stats.verify_seconds,
+                            "other_seconds": stats.other_seconds,
+                            "rounds": stats.draft_rounds,
+                            "rows_per_round": stats.drafted_rows / max(stats.draft_rounds, 1),
+                            "proposal_ms": 1e3 * statistics.fmean(proposal_seconds) if proposal_seconds else 0.0,
+                            "target_calls": stats.target_calls,
+                            "tokens_per_target_call": stats.tokens_per_call,
+                            "acceptance_rate": stats.acceptance_rate,
+                            "rows_rechecked": stats.rows_rechecked,
+                        }
+                    )
         base = [run["decode_seconds"] for run in runs["all K rows"]]
         chosen = [run["decode_seconds"] for run in runs["rows the policy chooses"]]
         document["results"][compute_type] = {
-            "runs": runs, "identical_transcripts": texts["all K rows"] == texts["rows the policy chooses"],
+            "runs": runs,
+            "identical_transcripts": texts["all K rows"] == texts["rows the policy chooses"],
             "decode_speedup_per_repeat": [b / c for b, c in zip(base, chosen)],
         }
-        print(compute_type, json.dumps(document["results"][compute_type]["decode_speedup_per_repeat"]),
-              {name: round(statistics.fmean(r["proposal_ms"] for r in values), 2) for name, values in runs.items()})
+        print(
+            compute_type,
+            json.dumps(document["results"][compute_type]["decode_speedup_per_repeat"]),
+            {name: round(statistics.fmean(r["proposal_ms"] for r in values), 2) for name, values in runs.items()},
+        )
     write_result(args.out, document)
 
 

@@ -76,9 +76,14 @@ def summary(pairs, shortlist, special, tokenizer, examples: int = 30) -> dict:
         "rounds_scored": len(pairs),
         "first_position_acceptance": sum(right.values()) / total,
         "targets_outside_shortlist": sum(outside.values()) / total,
-        "by_kind": {kind: {"share": kinds[kind] / total, "acceptance": right[kind] / kinds[kind],
-                           "outside_shortlist": outside[kind] / kinds[kind]}
-                    for kind in sorted(kinds, key=lambda k: -kinds[k])},
+        "by_kind": {
+            kind: {
+                "share": kinds[kind] / total,
+                "acceptance": right[kind] / kinds[kind],
+                "outside_shortlist": outside[kind] / kinds[kind],
+            }
+            for kind in sorted(kinds, key=lambda k: -kinds[k])
+        },
         "missed_word_starts": missed_words,  # the first few, in order: what was drafted, what the target said
     }
 
@@ -103,7 +108,9 @@ def main() -> None:
     directory = args.drafter or os.path.join(SHIPPED_DRAFTERS, "tiny.en")
     utterances = [u for name in args.speech_sets for u in read_manifest(fetch(name, ""))]
     audio = load_audio(utterances)
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32", cpu_threads=args.threads, redecodes=False)
+    flash = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="float32", cpu_threads=args.threads, redecodes=False
+    )
     special, tokenizer = flash.decoder.runtime.special, flash.hf_tokenizer
     vocabulary = ExportManifest.read(directory).vocabulary
     shortlist = set(int(t) for t in vocabulary) if vocabulary is not None else None
@@ -111,12 +118,19 @@ def main() -> None:
     systems = {
         "ONNX Runtime, int8 graphs (the loop's round)": lambda: OnnxDrafter(directory, model_path, min_confidence=0.0),
         "PyTorch, float32, its shortlist": lambda: FlashDrafter(network, precision="float32", min_confidence=0.0),
-        "PyTorch, float32, whole vocabulary": lambda: FlashDrafter(network, precision="float32", min_confidence=0.0,
-                                                                   use_shortlist=False),
+        "PyTorch, float32, whole vocabulary": lambda: FlashDrafter(
+            network, precision="float32", min_confidence=0.0, use_shortlist=False
+        ),
     }
-    document = {"what": __doc__.split("\n")[0], "drafter": os.path.relpath(directory), "speech_sets": args.speech_sets,
-                "utterances": len(utterances), "shortlist_size": len(shortlist) if shortlist else None,
-                "machine": machine(), "systems": {}}
+    document = {
+        "what": __doc__.split("\n")[0],
+        "drafter": os.path.relpath(directory),
+        "speech_sets": args.speech_sets,
+        "utterances": len(utterances),
+        "shortlist_size": len(shortlist) if shortlist else None,
+        "machine": machine(),
+        "systems": {},
+    }
     for name, build in systems.items():
         calls: list = []
         with flash.use_drafter(recorded(build(), calls), adaptive=False):
@@ -126,12 +140,15 @@ def main() -> None:
             stats = flash.spec_stats
         result = summary(first_positions(calls), shortlist, special, tokenizer)
         result["tokens_per_target_call"] = stats.tokens_per_call
-        result["acceptance_by_position"] = [a / max(1, p) for a, p in zip(stats.accepted_by_position,
-                                                                          stats.proposed_by_position)]
+        result["acceptance_by_position"] = [
+            a / max(1, p) for a, p in zip(stats.accepted_by_position, stats.proposed_by_position)
+        ]
         document["systems"][name] = result
-        print(f"{name}: first-position acceptance {result['first_position_acceptance']:.3f}, "
-              f"{result['tokens_per_target_call']:.2f} tokens per target call, "
-              f"{result['targets_outside_shortlist']:.1%} of first-position targets outside the shortlist")
+        print(
+            f"{name}: first-position acceptance {result['first_position_acceptance']:.3f}, "
+            f"{result['tokens_per_target_call']:.2f} tokens per target call, "
+            f"{result['targets_outside_shortlist']:.1%} of first-position targets outside the shortlist"
+        )
     write_result(args.out, document)
 
 

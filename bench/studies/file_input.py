@@ -33,8 +33,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--audio", nargs="*", default=sorted(glob.glob(os.path.join(ROOT, "tests", "data", "clip*.ogg"))),
-                        help="audio files (default: the committed test clips)")
+    parser.add_argument(
+        "--audio",
+        nargs="*",
+        default=sorted(glob.glob(os.path.join(ROOT, "tests", "data", "clip*.ogg"))),
+        help="audio files (default: the committed test clips)",
+    )
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
@@ -51,7 +55,10 @@ def main() -> None:
 
     path = resolve_model("tiny.en")
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
-    baseline, flash = WhisperModel(path, **options), FlashWhisperModel(path, stock_engine=False, **options, redecodes=False)
+    baseline, flash = (
+        WhisperModel(path, **options),
+        FlashWhisperModel(path, stock_engine=False, **options, redecodes=False),
+    )
     transcribe = dict(beam_size=1)
     measure(baseline, args.audio[0], **transcribe)  # warm-up
     measure(flash, args.audio[0], **transcribe)
@@ -60,35 +67,56 @@ def main() -> None:
 
     rows = []
     for audio in args.audio:
-        calls = interleaved({  # so load drift hits both alike
-            "read_faster_whisper": lambda: timed(lambda: decode_audio(audio, sampling_rate=16000))[0],
-            "read_ct2_flash": lambda: timed(lambda: checked_audio(audio, 16000))[0],
-            "faster_whisper": lambda: measure(baseline, audio, **transcribe),
-            "ct2_flash": lambda: measure(flash, audio, **transcribe)}, args.repeats, warmup=0)
+        calls = interleaved(
+            {  # so load drift hits both alike
+                "read_faster_whisper": lambda: timed(lambda: decode_audio(audio, sampling_rate=16000))[0],
+                "read_ct2_flash": lambda: timed(lambda: checked_audio(audio, 16000))[0],
+                "faster_whisper": lambda: measure(baseline, audio, **transcribe),
+                "ct2_flash": lambda: measure(flash, audio, **transcribe),
+            },
+            args.repeats,
+            warmup=0,
+        )
         identical = all(base.tokens == got.tokens for base, got in zip(calls["faster_whisper"], calls["ct2_flash"]))
-        runs = {"read_faster_whisper": calls["read_faster_whisper"], "read_ct2_flash": calls["read_ct2_flash"],
-                "whole_faster_whisper": [m.whole_seconds for m in calls["faster_whisper"]],
-                "whole_ct2_flash": [m.whole_seconds for m in calls["ct2_flash"]]}
-        rows.append({"audio": os.path.relpath(audio, ROOT), "identical": identical,
-                     **{name: statistics.median(times) for name, times in runs.items()}})
-        print(f"{os.path.basename(audio)}: read {rows[-1]['read_faster_whisper'] * 1e3:.0f} -> "
-              f"{rows[-1]['read_ct2_flash'] * 1e3:.0f} ms, whole {rows[-1]['whole_faster_whisper']:.2f} -> "
-              f"{rows[-1]['whole_ct2_flash']:.2f} s, identical {identical}")
+        runs = {
+            "read_faster_whisper": calls["read_faster_whisper"],
+            "read_ct2_flash": calls["read_ct2_flash"],
+            "whole_faster_whisper": [m.whole_seconds for m in calls["faster_whisper"]],
+            "whole_ct2_flash": [m.whole_seconds for m in calls["ct2_flash"]],
+        }
+        rows.append(
+            {
+                "audio": os.path.relpath(audio, ROOT),
+                "identical": identical,
+                **{name: statistics.median(times) for name, times in runs.items()},
+            }
+        )
+        print(
+            f"{os.path.basename(audio)}: read {rows[-1]['read_faster_whisper'] * 1e3:.0f} -> "
+            f"{rows[-1]['read_ct2_flash'] * 1e3:.0f} ms, whole {rows[-1]['whole_faster_whisper']:.2f} -> "
+            f"{rows[-1]['whole_ct2_flash']:.2f} s, identical {identical}"
+        )
 
     def column(name):
         return [row[name] for row in rows]
 
     document = {
         "what": "reading audio files and transcribing from a path: faster-whisper vs ct2-flash (medians per file)",
-        "compute_type": args.compute_type, "threads": args.threads, "repeats": args.repeats,
+        "compute_type": args.compute_type,
+        "threads": args.threads,
+        "repeats": args.repeats,
         "objects_tracked_by_gc": objects,
         "machine": machine(),
         "summary": {
-            "files": len(rows), "identical": sum(row["identical"] for row in rows),
-            "read_ms_median": {"faster_whisper": 1e3 * statistics.median(column("read_faster_whisper")),
-                               "ct2_flash": 1e3 * statistics.median(column("read_ct2_flash"))},
-            "whole_from_file_vs_faster_whisper": paired_bootstrap(column("whole_faster_whisper"),
-                                                                  column("whole_ct2_flash")),
+            "files": len(rows),
+            "identical": sum(row["identical"] for row in rows),
+            "read_ms_median": {
+                "faster_whisper": 1e3 * statistics.median(column("read_faster_whisper")),
+                "ct2_flash": 1e3 * statistics.median(column("read_ct2_flash")),
+            },
+            "whole_from_file_vs_faster_whisper": paired_bootstrap(
+                column("whole_faster_whisper"), column("whole_ct2_flash")
+            ),
         },
         "files": rows,
     }

@@ -54,14 +54,16 @@ def main() -> None:
     def flash_with(policy):
         return FlashWhisperModel(path, call_router=policy, **options, redecodes=False)
 
-    systems = {"faster-whisper": lambda: WhisperModel(path, **options),
-               "ct2-flash": lambda: flash_with(None),
-               "ct2-flash, loop first": lambda: flash_with(LoopFirst())}
+    systems = {
+        "faster-whisper": lambda: WhisperModel(path, **options),
+        "ct2-flash": lambda: flash_with(None),
+        "ct2-flash, loop first": lambda: flash_with(LoopFirst()),
+    }
     rows = []
     for index, utterance in enumerate(utterances):
         audio = decode_audio(utterance.path)
         names = list(systems)
-        names = names[index % 3:] + names[: index % 3]  # each system first in turn
+        names = names[index % 3 :] + names[: index % 3]  # each system first in turn
         row = {"audio": os.path.basename(utterance.path), "seconds": audio.size / 16000}
         tokens = {}
         for name in names:
@@ -78,15 +80,21 @@ def main() -> None:
 
     summary = {}
     for name in ("ct2-flash", "ct2-flash, loop first"):
-        summary[name] = {part: paired_bootstrap([row["faster-whisper"][part] for row in rows], [row[name][part] for row in rows])
-                         for part in ("decode", "whole")}
+        summary[name] = {
+            part: paired_bootstrap([row["faster-whisper"][part] for row in rows], [row[name][part] for row in rows])
+            for part in ("decode", "whole")
+        }
         summary[name]["speculative_calls"] = sum(row[name]["speculative_calls"] for row in rows)
     document = {
         "what": "one transcription per new model, against faster-whisper on the same engine (speedup = faster-whisper / system)",
-        "speech_set": args.speech_set, "compute_type": args.compute_type, "threads": args.threads,
+        "speech_set": args.speech_set,
+        "compute_type": args.compute_type,
+        "threads": args.threads,
         "machine": machine(),
-        "identical": sum(row["identical"] for row in rows), "files": len(rows),
-        "summary": summary, "files_measured": rows,
+        "identical": sum(row["identical"] for row in rows),
+        "files": len(rows),
+        "summary": summary,
+        "files_measured": rows,
     }
     write_result(args.out, document)
     print(json.dumps(summary, indent=2))

@@ -28,7 +28,6 @@ from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.routing import EngineRouter, CallRouter
 
 
-
 class NeverSpeculate(CallRouter):
     def speculate(self, batch_size: int) -> bool:
         return False
@@ -68,7 +67,9 @@ def sets(names):
         utterances = read_manifest(fetch(name, ""))
         waveforms = load_audio(utterances)
         audio[name] = {u.path: waveforms[u.path] for u in utterances}
-    audio["test clips"] = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(TEST_CLIPS, "*.ogg")))}
+    audio["test clips"] = {
+        os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(TEST_CLIPS, "*.ogg")))
+    }
     return audio
 
 
@@ -86,8 +87,15 @@ def main() -> None:
     results = {}
     for compute_type in args.compute_type:
         engine = FixedEngine()
-        model = FlashWhisperModel(path, compute_type=compute_type, cpu_threads=args.threads, stock_engine=True,
-                                  call_router=NeverSpeculate(), engine_router=engine, redecodes=False)
+        model = FlashWhisperModel(
+            path,
+            compute_type=compute_type,
+            cpu_threads=args.threads,
+            stock_engine=True,
+            call_router=NeverSpeculate(),
+            engine_router=engine,
+            redecodes=False,
+        )
         list(model.transcribe(next(iter(audio["test clips"].values())), beam_size=1)[0])  # warm-up: worker starts
         engine.clear()
         per_set = {}
@@ -116,9 +124,19 @@ def main() -> None:
             "patched_over_stock_time": engine.seconds["patched"] / engine.seconds["stock"],
         }
         model.model.engines.close()
-    write_result(args.out, {"command": "python bench/studies/fork_generate.py " + " ".join(
-        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
-        "threads": args.threads, "results": results}, echo=["results"])
+    write_result(
+        args.out,
+        {
+            "command": "python bench/studies/fork_generate.py "
+            + " ".join(
+                f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                for k, v in vars(args).items()
+            ),
+            "threads": args.threads,
+            "results": results,
+        },
+        echo=["results"],
+    )
 
 
 if __name__ == "__main__":

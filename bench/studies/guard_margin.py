@@ -118,8 +118,17 @@ def main() -> None:
     audio = load_audio(utterances)
     # The shipped drafter named: unnamed, a model that runs no call in the loop (int8) loads none.
     shipped = load_drafter(model=model_path, compute_type=args.compute_type)
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False, guard_margin=0.0, redecodes=False, drafter=shipped)
+    flash = FlashWhisperModel(
+        model_path,
+        stock_engine=False,
+        compute_type=args.compute_type,
+        cpu_threads=args.threads,
+        decoder_threads=None,
+        adaptive=False,
+        guard_margin=0.0,
+        redecodes=False,
+        drafter=shipped,
+    )
     decoder = flash.decoder
     special = decoder.runtime.special
     compute_type = decoder.runtime.model.compute_type  # resolved: int8 is int8_float32 on CPU
@@ -138,18 +147,41 @@ def main() -> None:
         by_position[position].append(deviation)
     k = decoder.num_draft_tokens
     margins = derive_margins({j: max(v) for j, v in by_position.items()}, k + 1, args.safety)
-    summary = {j: {"rows": len(v), "median": float(np.median(v)), "p99": float(np.quantile(v, 0.99)),
-                   "p999": float(np.quantile(v, 0.999)), "max": float(max(v))} for j, v in sorted(by_position.items())}
+    summary = {
+        j: {
+            "rows": len(v),
+            "median": float(np.median(v)),
+            "p99": float(np.quantile(v, 0.99)),
+            "p999": float(np.quantile(v, 0.999)),
+            "max": float(max(v)),
+        }
+        for j, v in sorted(by_position.items())
+    }
     print("deviation by block position:", json.dumps(summary, indent=1))
     print("derived margins:", margins)
 
     # Identity and rechecks with the shipped drafter: derived margins against the fixed 2.0.
     evaluation = {}
-    candidates = [("derived", tuple(margins)), ("fixed 1.0", 1.0), ("fixed 1.5", 1.5), ("fixed 2.0", 2.0), ("fixed 3.0", 3.0)]
+    candidates = [
+        ("derived", tuple(margins)),
+        ("fixed 1.0", 1.0),
+        ("fixed 1.5", 1.5),
+        ("fixed 2.0", 2.0),
+        ("fixed 3.0", 3.0),
+    ]
     for name, guard in candidates:
         # The margin is a constructor argument: one model per candidate, on the same engine settings.
-        flash = FlashWhisperModel(model_path, stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                                  decoder_threads=None, adaptive=False, guard_margin=guard, redecodes=False, drafter=shipped)
+        flash = FlashWhisperModel(
+            model_path,
+            stock_engine=False,
+            compute_type=args.compute_type,
+            cpu_threads=args.threads,
+            decoder_threads=None,
+            adaptive=False,
+            guard_margin=guard,
+            redecodes=False,
+            drafter=shipped,
+        )
         decoder = flash.decoder
         identical = total = 0
         differences = []  # the target's own top-2 margin where a window first differs
@@ -162,23 +194,38 @@ def main() -> None:
                 if not comparison.identical:
                     differences.append(round(comparison.reference_margin, 3))
         stats = flash.spec_stats
-        evaluation[name] = {"guard_margin": guard, "windows": total, "identical": identical,
-                            "reference_margins_at_differences": differences, "target_calls": stats.target_calls,
-                            "rows_rechecked": stats.rows_rechecked,
-                            "recheck_share_of_calls": stats.rows_rechecked / max(1, stats.target_calls),
-                            "tokens_per_target_call": stats.tokens_per_call}
+        evaluation[name] = {
+            "guard_margin": guard,
+            "windows": total,
+            "identical": identical,
+            "reference_margins_at_differences": differences,
+            "target_calls": stats.target_calls,
+            "rows_rechecked": stats.rows_rechecked,
+            "recheck_share_of_calls": stats.rows_rechecked / max(1, stats.target_calls),
+            "tokens_per_target_call": stats.tokens_per_call,
+        }
         print(name, evaluation[name])
 
-    document = {"what": "verified row vs single step: decision-relevant deviation by block position (logits)",
-                "model": "tiny.en", "compute_type": compute_type, "speech_sets": args.speech_set,
-                "utterances": len(utterances), "rows": len(found), "safety": args.safety,
-                "machine": machine(),
-                "deviation_by_position": summary, "margins": margins, "evaluation": evaluation}
+    document = {
+        "what": "verified row vs single step: decision-relevant deviation by block position (logits)",
+        "model": "tiny.en",
+        "compute_type": compute_type,
+        "speech_sets": args.speech_set,
+        "utterances": len(utterances),
+        "rows": len(found),
+        "safety": args.safety,
+        "machine": machine(),
+        "deviation_by_position": summary,
+        "margins": margins,
+        "evaluation": evaluation,
+    }
     write_result(args.out, document)
     _plot(by_position, margins, args.out.rsplit(".", 1)[0] + ".png", args.compute_type)
     best = max(result["identical"] for result in evaluation.values())
-    print("smallest margin with the most identical windows:",
-          next(name for name, _ in candidates if evaluation[name]["identical"] == best))
+    print(
+        "smallest margin with the most identical windows:",
+        next(name for name, _ in candidates if evaluation[name]["identical"] == best),
+    )
 
 
 def _plot(by_position, margins, path: str, compute_type: str) -> None:
@@ -190,7 +237,9 @@ def _plot(by_position, margins, path: str, compute_type: str) -> None:
     figure, axis = plt.subplots(figsize=(6.5, 4))
     positions = sorted(by_position)
     axis.boxplot([by_position[j] for j in positions], positions=positions, whis=(0, 100), widths=0.6)
-    axis.plot(range(len(margins)), margins, marker="_", markersize=18, linestyle="", color="tab:red", label="derived margin")
+    axis.plot(
+        range(len(margins)), margins, marker="_", markersize=18, linestyle="", color="tab:red", label="derived margin"
+    )
     axis.set_xlabel("row of the verified block (0 = after the anchor)")
     axis.set_ylabel("|row - single step| on the decision (logits)")
     axis.set_title(f"tiny.en {compute_type}: verified rows against single steps", fontsize=9)

@@ -72,9 +72,13 @@ def decision_margins(rules, row: np.ndarray, context) -> dict:
         finite = np.sort(values[np.isfinite(values)])
         return float(finite[-1] - finite[-2]) if finite.size >= 2 else None
 
-    return {"token": int(choice.tokens[0]), "guard_margin": float(choice.margins(1)[0]),
-            "text_top2": top_two(edited[:begin]), "timestamp_top2": top_two(edited[begin:]),
-            "mass_gap": None if not np.isfinite(choice.rule_margins[0]) else float(choice.rule_margins[0])}
+    return {
+        "token": int(choice.tokens[0]),
+        "guard_margin": float(choice.margins(1)[0]),
+        "text_top2": top_two(edited[:begin]),
+        "timestamp_top2": top_two(edited[begin:]),
+        "mass_gap": None if not np.isfinite(choice.rule_margins[0]) else float(choice.rule_margins[0]),
+    }
 
 
 def single_steps(runtime, encoder_output, prompt, tokens) -> np.ndarray:
@@ -105,18 +109,27 @@ def diagnose(decoder, encoder_output, prompt, reference, speculative, first, pas
             written_by[position] = len(tokens)
     exact = single_steps(runtime, encoder_output, prompt, reference[:index])[index]
     context = generated[:index]
-    found = {"index": index, "reference_token": reference[index] if index < len(reference) else special.eot,
-             "loop_token": speculative[index] if index < len(speculative) else special.eot,
-             "exact": decision_margins(rules, exact, context)}
+    found = {
+        "index": index,
+        "reference_token": reference[index] if index < len(reference) else special.eot,
+        "loop_token": speculative[index] if index < len(speculative) else special.eot,
+        "exact": decision_margins(rules, exact, context),
+    }
     if deciding is None:  # decided by the prefill's row (index 0)
         found["pass"] = "prefill"
         return found
     length, tokens, rows, j, perturbed = deciding
-    found.update({"pass_rows": len(tokens), "row": j, "cache_positions_before": length - position_of_first,
-                  "written_by_multi_token_passes": perturbed,
-                  "guard_threshold": float(decoder._guard_rows[min(j, decoder._guard_rows.size - 1)]),
-                  "loop_row": decision_margins(rules, rows[j], context),
-                  "loop_row_vs_exact_max": float(np.abs(rows[j] - exact).max())})
+    found.update(
+        {
+            "pass_rows": len(tokens),
+            "row": j,
+            "cache_positions_before": length - position_of_first,
+            "written_by_multi_token_passes": perturbed,
+            "guard_threshold": float(decoder._guard_rows[min(j, decoder._guard_rows.size - 1)]),
+            "loop_row": decision_margins(rules, rows[j], context),
+            "loop_row_vs_exact_max": float(np.abs(rows[j] - exact).max()),
+        }
+    )
     return found
 
 
@@ -141,8 +154,11 @@ def close_decisions(decoder, encoded, prompt) -> dict:
         last_close.append((close[-1] + 1) / len(window) if close.size else 0.0)
         margins += window
     margins = np.asarray(margins)
-    return {"positions": int(margins.size), **{f"share_below_{t:g}": float(np.mean(margins < t)) for t in (0.5, 1, 2)},
-            "last_below_2_at_fraction_of_window": float(np.mean(last_close))}
+    return {
+        "positions": int(margins.size),
+        **{f"share_below_{t:g}": float(np.mean(margins < t)) for t in (0.5, 1, 2)},
+        "last_below_2_at_fraction_of_window": float(np.mean(last_close)),
+    }
 
 
 def main() -> None:
@@ -157,13 +173,22 @@ def main() -> None:
     windows = joined_windows(args.speech_set, 20.0, 29.0)
     windows = windows[: args.windows] if args.windows else windows
     # The shipped drafter named: unnamed, a model that runs no call in the loop (int8) loads none.
-    flash = FlashWhisperModel(resolve_model("tiny.en"), stock_engine=False, compute_type=args.compute_type, cpu_threads=args.threads,
-                              decoder_threads=None, adaptive=False, redecodes=False,
-                              drafter=load_drafter(model="tiny.en", compute_type=args.compute_type))
+    flash = FlashWhisperModel(
+        resolve_model("tiny.en"),
+        stock_engine=False,
+        compute_type=args.compute_type,
+        cpu_threads=args.threads,
+        decoder_threads=None,
+        adaptive=False,
+        redecodes=False,
+        drafter=load_drafter(model="tiny.en", compute_type=args.compute_type),
+    )
     decoder, special = flash.decoder, flash.decoder.runtime.special
-    drafters = {"shipped": decoder.drafter,
-                "oracle_0.25": OracleDrafter(flash.reference_model, error_rate=0.25, seed=3),
-                "random": RandomDrafter(special.vocab_size, seed=5)}
+    drafters = {
+        "shipped": decoder.drafter,
+        "oracle_0.25": OracleDrafter(flash.reference_model, error_rate=0.25, seed=3),
+        "random": RandomDrafter(special.vocab_size, seed=5),
+    }
     prompts = {"timestamps": [special.sot], "no_timestamps": [special.sot, special.no_timestamps]}
     passes: list = []
     record_verifications(decoder.runtime, passes)
@@ -176,34 +201,61 @@ def main() -> None:
             for prompt_name, prompt in prompts.items():
                 identical = 0
                 for number, encoder_output in enumerate(encoded):
-                    reference = list(flash.reference_model.generate(
-                        encoder_output, [prompt], **DecodingOptions().generate_kwargs())[0].sequences_ids[0])
+                    reference = list(
+                        flash.reference_model.generate(encoder_output, [prompt], **DecodingOptions().generate_kwargs())[
+                            0
+                        ].sequences_ids[0]
+                    )
                     passes.clear()
                     speculative = decoder.decode(encoder_output, prompt, DecodingOptions()).tokens
                     recorded = list(passes)
                     if speculative == reference:
                         identical += 1
                         continue
-                    first = next((i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b),
-                                 min(len(reference), len(speculative)))
+                    first = next(
+                        (i for i, (a, b) in enumerate(zip(reference, speculative)) if a != b),
+                        min(len(reference), len(speculative)),
+                    )
                     found = diagnose(decoder, encoder_output, prompt, reference, speculative, first, recorded)
-                    found.update({"drafter": drafter_name, "prompt": prompt_name, "window": number,
-                                  "reference_tokens": len(reference)})
+                    found.update(
+                        {
+                            "drafter": drafter_name,
+                            "prompt": prompt_name,
+                            "window": number,
+                            "reference_tokens": len(reference),
+                        }
+                    )
                     differences.append(found)
                     print(found, flush=True)
                 results[f"{drafter_name}/{prompt_name}"] = {"windows": len(encoded), "identical": identical}
                 print(drafter_name, prompt_name, results[f"{drafter_name}/{prompt_name}"], flush=True)
 
-    kinds = Counter(("single-token pass" if d.get("pass_rows") == 1 else "multi-token row")
-                    + (" over a cache written by multi-token passes" if d.get("written_by_multi_token_passes") else
-                       " over a single-step cache") for d in differences if "pass_rows" in d)
-    document = {"what": "first differences of the int8 loop (every round drafting, default guard) from generate(), "
-                        "with the deciding pass and both sides' margins",
-                "model": "tiny.en", "compute_type": decoder.runtime.model.compute_type, "threads": args.threads,
-                "speech_sets": args.speech_set, "windows": len(encoded),
-                "seconds": [round(w.size / SAMPLE_RATE, 1) for w in windows],
-                "guard_margin": decoder.guard_margin, "identity": results, "greedy_close_decisions": closeness,
-                "deciding_pass": dict(kinds), "differences": differences, "machine": machine()}
+    kinds = Counter(
+        ("single-token pass" if d.get("pass_rows") == 1 else "multi-token row")
+        + (
+            " over a cache written by multi-token passes"
+            if d.get("written_by_multi_token_passes")
+            else " over a single-step cache"
+        )
+        for d in differences
+        if "pass_rows" in d
+    )
+    document = {
+        "what": "first differences of the int8 loop (every round drafting, default guard) from generate(), "
+        "with the deciding pass and both sides' margins",
+        "model": "tiny.en",
+        "compute_type": decoder.runtime.model.compute_type,
+        "threads": args.threads,
+        "speech_sets": args.speech_set,
+        "windows": len(encoded),
+        "seconds": [round(w.size / SAMPLE_RATE, 1) for w in windows],
+        "guard_margin": decoder.guard_margin,
+        "identity": results,
+        "greedy_close_decisions": closeness,
+        "deciding_pass": dict(kinds),
+        "differences": differences,
+        "machine": machine(),
+    }
     write_result(args.out, document, echo=("identity", "deciding_pass", "greedy_close_decisions"))
 
 

@@ -49,8 +49,9 @@ def _random_drafter(model_path: str, directory: str, layers: int, shortlist: int
     from ct2_flash.drafting.flash_model import FlashDrafterModel
     from ct2_flash.drafting.onnx_drafter import ExportManifest
 
-    config = DrafterConfig(target=target_identity(model_path, "tiny.en"), num_layers=layers, shortlist_size=shortlist,
-                           causal_blocks=causal)
+    config = DrafterConfig(
+        target=target_identity(model_path, "tiny.en"), num_layers=layers, shortlist_size=shortlist, causal_blocks=causal
+    )
     torch.manual_seed(0)
     model = FlashDrafterModel(config)
     model.init_from_target(CT2ModelFile(model_path))
@@ -72,8 +73,14 @@ def _time_round(drafter, window, states: np.ndarray, num_tokens: int, repeats: i
     drafter.advance(states[: HISTORY - 1], start + HISTORY - 1)
     generated = list(window.prompt) + [300] * HISTORY
 
-    return lowest_median_ms(lambda: (drafter.advance(states[HISTORY - 1 : HISTORY], start + HISTORY),
-                                     drafter.propose(generated, num_tokens)), repeats, before=between)
+    return lowest_median_ms(
+        lambda: (
+            drafter.advance(states[HISTORY - 1 : HISTORY], start + HISTORY),
+            drafter.propose(generated, num_tokens),
+        ),
+        repeats,
+        before=between,
+    )
 
 
 def main() -> None:
@@ -93,7 +100,9 @@ def main() -> None:
     model_path = resolve_model("tiny.en")
     # One model on 2 threads for the loop too (no one-thread decoder copy): the verification
     # that runs before each round is the 2-thread pass.
-    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8", cpu_threads=2, decoder_threads=None, redecodes=False)
+    flash = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type="int8", cpu_threads=2, decoder_threads=None, redecodes=False
+    )
     runtime = flash.decoder.runtime
     encoder_output = flash.encode_window(decode_audio(os.path.join(ROOT, "tests", "data", "clip12_awb.ogg")))
     prompt = [runtime.special.sot, runtime.special.no_timestamps]
@@ -109,32 +118,56 @@ def main() -> None:
     plain_step_ms = lowest_median_ms(lambda: (sequence.verify(tokens[:1]), sequence.rollback(length)), args.repeats)
     verify_9_ms = lowest_median_ms(verification, args.repeats)
     rng = np.random.default_rng(0)
-    window = DraftWindow(encoder_output=np.asarray(encoder_output)[0], prompt=tuple(prompt), options=DecodingOptions(),
-                         eot=runtime.special.eot, audio_frames=None)
+    window = DraftWindow(
+        encoder_output=np.asarray(encoder_output)[0],
+        prompt=tuple(prompt),
+        options=DecodingOptions(),
+        eot=runtime.special.eot,
+        audio_frames=None,
+    )
     states = rng.standard_normal((HISTORY, 384), dtype=np.float32)
     results = []
     with tempfile.TemporaryDirectory() as work:
-        drafters = [("shipped (2 layers, 8,192, not causal)", os.path.join(SHIPPED_DRAFTERS, "tiny.en"), 2, 8192, False)]
+        drafters = [
+            ("shipped (2 layers, 8,192, not causal)", os.path.join(SHIPPED_DRAFTERS, "tiny.en"), 2, 8192, False)
+        ]
         for layers, shortlist, causal in SHAPES:
             directory = os.path.join(work, f"{layers}_{shortlist}_{int(causal)}")
             _random_drafter(model_path, directory, layers, shortlist, causal)
-            drafters.append((f"random weights ({layers} layer{'s' * (layers > 1)}, {shortlist:,}, "
-                             f"{'causal' if causal else 'not causal'})", directory, layers, shortlist, causal))
+            drafters.append(
+                (
+                    f"random weights ({layers} layer{'s' * (layers > 1)}, {shortlist:,}, "
+                    f"{'causal' if causal else 'not causal'})",
+                    directory,
+                    layers,
+                    shortlist,
+                    causal,
+                )
+            )
         for name, directory, layers, shortlist, causal in drafters:
             drafter = OnnxDrafter(directory, model_path)
             for num_tokens in ROWS if causal else ROWS[:1]:
-                row = {"drafter": name, "layers": layers, "shortlist": shortlist, "causal_blocks": causal,
-                       "drafts": num_tokens, "rows": 1 + (num_tokens if causal else 8),
-                       "warm_ms": _time_round(drafter, window, states, num_tokens, args.repeats),
-                       "in_loop_ms": _time_round(drafter, window, states, num_tokens, args.repeats, verification)}
+                row = {
+                    "drafter": name,
+                    "layers": layers,
+                    "shortlist": shortlist,
+                    "causal_blocks": causal,
+                    "drafts": num_tokens,
+                    "rows": 1 + (num_tokens if causal else 8),
+                    "warm_ms": _time_round(drafter, window, states, num_tokens, args.repeats),
+                    "in_loop_ms": _time_round(drafter, window, states, num_tokens, args.repeats, verification),
+                }
                 results.append(row)
-                print(f"{name}, {num_tokens} drafts (plain step {plain_step_ms:.2f} ms): warm {row['warm_ms']:.2f} ms, "
-                      f"after a verification {row['in_loop_ms']:.2f} ms")
+                print(
+                    f"{name}, {num_tokens} drafts (plain step {plain_step_ms:.2f} ms): warm {row['warm_ms']:.2f} ms, "
+                    f"after a verification {row['in_loop_ms']:.2f} ms"
+                )
     document = {
         "what": "draft round (advance one state + propose) by drafter shape, ONNX Runtime int8, one thread",
         "plain_step_ms": plain_step_ms,
         "verify_9_ms": verify_9_ms,
-        "history_positions": HISTORY, "audio_window": list(AUDIO_WINDOW),
+        "history_positions": HISTORY,
+        "audio_window": list(AUDIO_WINDOW),
         "machine": machine(),
         "results": results,
     }

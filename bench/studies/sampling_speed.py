@@ -42,8 +42,9 @@ def measure(args: argparse.Namespace) -> dict:
     accepted = inspect.signature(FlashWhisperModel.__init__).parameters
     extra = {name: False for name in ("stock_engine", "redecodes") if name in accepted}
     baseline = WhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads)
-    flash = FlashWhisperModel(path, compute_type=args.compute_type, cpu_threads=args.threads,
-                              adaptive=not args.every_round, **extra)
+    flash = FlashWhisperModel(
+        path, compute_type=args.compute_type, cpu_threads=args.threads, adaptive=not args.every_round, **extra
+    )
 
     def run(model, samples, temperature) -> float:
         # Its own clock: ct2_flash.benchmark.scripts imports ct2_flash modules an older checkout may not have.
@@ -64,21 +65,25 @@ def measure(args: argparse.Namespace) -> dict:
                 seconds["faster_whisper"] += run(baseline, samples, temperature)
                 seconds["ct2_flash"] += run(flash, samples, temperature)
         stats = flash.spec_stats
-        results.append({
-            "temperature": temperature, "seconds": seconds,
-            "speedup": seconds["faster_whisper"] / seconds["ct2_flash"],
-            "draft_rounds": stats.draft_rounds,
-            "speculative_calls": stats.generate_calls, "generate_rows": stats.generate_rows,
-            "windows_drafting_stopped": stats.windows_drafting_stopped,
-            "tokens_per_target_call": stats.tokens_per_call if stats.target_calls else None,
-            "acceptance_rate": stats.acceptance_rate if stats.target_calls else None,
-        })
+        results.append(
+            {
+                "temperature": temperature,
+                "seconds": seconds,
+                "speedup": seconds["faster_whisper"] / seconds["ct2_flash"],
+                "draft_rounds": stats.draft_rounds,
+                "speculative_calls": stats.generate_calls,
+                "generate_rows": stats.generate_rows,
+                "windows_drafting_stopped": stats.windows_drafting_stopped,
+                "tokens_per_target_call": stats.tokens_per_call if stats.target_calls else None,
+                "acceptance_rate": stats.acceptance_rate if stats.target_calls else None,
+            }
+        )
         print(results[-1], file=sys.stderr)
     checkout = os.path.dirname(os.path.dirname(os.path.abspath(ct2_flash.__file__)))
-    commit = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    return {"commit": commit, "clips": paths, "audio_seconds": sum(len(a) for a in audio) / 16000,
-            "results": results}
+    commit = subprocess.run(
+        ["git", "-C", checkout, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return {"commit": commit, "clips": paths, "audio_seconds": sum(len(a) for a in audio) / 16000, "results": results}
 
 
 def main() -> None:
@@ -104,14 +109,30 @@ def main() -> None:
 
     runs = []
     for checkout in args.checkouts:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(checkout), os.environ.get("PYTHONPATH", "")]))
-        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]], env=env,
-                               check=True, stdout=subprocess.PIPE, text=True)
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(checkout), os.environ.get("PYTHONPATH", "")])
+        )
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
+            env=env,
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
-    write_result(args.out, {"what": __doc__.split("\n")[0], "every_round": args.every_round,
-                            "best_of": args.best_of, "repeats": args.repeats,
-                            "compute_type": args.compute_type, "threads": args.threads, "runs": runs},
-                 echo=("runs",))
+    write_result(
+        args.out,
+        {
+            "what": __doc__.split("\n")[0],
+            "every_round": args.every_round,
+            "best_of": args.best_of,
+            "repeats": args.repeats,
+            "compute_type": args.compute_type,
+            "threads": args.threads,
+            "runs": runs,
+        },
+        echo=("runs",),
+    )
 
 
 if __name__ == "__main__":

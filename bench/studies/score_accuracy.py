@@ -62,10 +62,14 @@ def measure() -> dict:
         exact = edited[np.arange(len(tokens)), tokens] - peak - np.log(np.exp(edited - peak[:, None]).sum(axis=1))
         to_engine += list(np.abs(ours - engine))
         exact_to_engine += list(np.abs(exact - engine))
-    return {"forced_isa": os.environ.get("CT2_FORCE_CPU_ISA"), "isa_kept": row_scores.engine_isa(),
-            "clips": len(clips), "tokens": len(to_engine),
-            "loop_to_engine": {"mean": float(np.mean(to_engine)), "max": float(np.max(to_engine))},
-            "exact_to_engine": {"mean": float(np.mean(exact_to_engine)), "max": float(np.max(exact_to_engine))}}
+    return {
+        "forced_isa": os.environ.get("CT2_FORCE_CPU_ISA"),
+        "isa_kept": row_scores.engine_isa(),
+        "clips": len(clips),
+        "tokens": len(to_engine),
+        "loop_to_engine": {"mean": float(np.mean(to_engine)), "max": float(np.max(to_engine))},
+        "exact_to_engine": {"mean": float(np.mean(exact_to_engine)), "max": float(np.max(exact_to_engine))},
+    }
 
 
 def main() -> None:
@@ -81,8 +85,9 @@ def main() -> None:
         env = {key: value for key, value in os.environ.items() if key != "CT2_FORCE_CPU_ISA"}
         if isa:
             env["CT2_FORCE_CPU_ISA"] = isa
-        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=env,
-                               capture_output=True, text=True)
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child"], env=env, capture_output=True, text=True
+        )
         if child.returncode != 0:  # CTranslate2 aborts on an ISA the CPU lacks
             runs.append({"forced_isa": isa, "failed": child.stderr.strip().splitlines()[-1:]})
             continue

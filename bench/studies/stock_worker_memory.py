@@ -67,9 +67,12 @@ def soak(engine: StockEngine, features: list, rounds: int, start_token: int) -> 
                 engine.align(encoding, [start_token], [greedy.sequences_ids[0]], [1500])
             faults.append(minor_faults(pid) - before_faults)
         resident.append(round(status_mb(pid, "VmRSS")))
-    return {"resident_mb_after_each_round": resident, "peak_mb": round(status_mb(pid, "VmHWM")),
-            "minor_faults_per_window": statistics.median(faults),
-            "encode_seconds_per_window": statistics.median(encode_seconds)}
+    return {
+        "resident_mb_after_each_round": resident,
+        "peak_mb": round(status_mb(pid, "VmHWM")),
+        "minor_faults_per_window": statistics.median(faults),
+        "encode_seconds_per_window": statistics.median(encode_seconds),
+    }
 
 
 def main() -> None:
@@ -91,16 +94,28 @@ def main() -> None:
                     loaded = status_mb(engine._process.pid, "VmRSS")  # noqa: SLF001
                     engine.encode(features[0])
                     one = status_mb(engine._process.pid, "VmRSS")  # noqa: SLF001
-                    row = {"model": name, "compute_type": compute_type, "keep_freed_memory": engine.keeps_freed_memory,
-                           "loaded_mb": round(loaded), "after_one_encode_mb": round(one),
-                           "windows": len(features), **soak(engine, features, args.rounds, start_token)}
+                    row = {
+                        "model": name,
+                        "compute_type": compute_type,
+                        "keep_freed_memory": engine.keeps_freed_memory,
+                        "loaded_mb": round(loaded),
+                        "after_one_encode_mb": round(one),
+                        "windows": len(features),
+                        **soak(engine, features, args.rounds, start_token),
+                    }
                 finally:
                     engine.close()
                 rows.append(row)
                 print(row, flush=True)
-    write_result(args.out, {"what": "the stock engine's worker: resident memory (VmRSS, VmHWM), minor page faults "
-                                    "and encoder seconds per 30 s window, keeping freed memory or not",
-                            "rounds": args.rounds, "rows": rows})
+    write_result(
+        args.out,
+        {
+            "what": "the stock engine's worker: resident memory (VmRSS, VmHWM), minor page faults "
+            "and encoder seconds per 30 s window, keeping freed memory or not",
+            "rounds": args.rounds,
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,14 @@ def main() -> None:
     path = resolve_model("tiny.en")
     results = {}
     for compute_type in args.compute_type:
-        flash = FlashWhisperModel(path, stock_engine=False, compute_type=compute_type, cpu_threads=args.threads, decoder_threads=None, redecodes=False)
+        flash = FlashWhisperModel(
+            path,
+            stock_engine=False,
+            compute_type=compute_type,
+            cpu_threads=args.threads,
+            decoder_threads=None,
+            redecodes=False,
+        )
         engine = StockEngine(path, flash.reference_model.compute_type, args.threads)
         try:
             windows = [flash.window_features(audio[u.path])[None] for u in utterances]
@@ -50,23 +57,43 @@ def main() -> None:
                 engine.fetch(encoding)
         finally:
             engine.close()
-        per_window = {op: {"round_trip_ms": 1e3 * trip / count, "worker_ms": 1e3 * inside / count,
-                           "channel_ms": 1e3 * (trip - inside) / count}
-                      for op, (count, trip, inside) in engine.timings.items()}
+        per_window = {
+            op: {
+                "round_trip_ms": 1e3 * trip / count,
+                "worker_ms": 1e3 * inside / count,
+                "channel_ms": 1e3 * (trip - inside) / count,
+            }
+            for op, (count, trip, inside) in engine.timings.items()
+        }
         encode_ms = per_window["encode"]["worker_ms"]
         channel = per_window["encode"]["channel_ms"] + per_window["generate"]["channel_ms"]
         results[compute_type] = {
-            "windows": len(windows), "per_window": per_window,
+            "windows": len(windows),
+            "per_window": per_window,
             "channel_ms_per_window": channel,
             "channel_share_of_encode": channel / encode_ms,
             "fetch_share_of_encode": per_window["fetch"]["round_trip_ms"] / encode_ms,
         }
-        print(compute_type, {k: round(v, 4) if isinstance(v, float) else v for k, v in results[compute_type].items()
-                             if k != "per_window"}, flush=True)
-    write_result(args.out, {"what": "the stock engine's channel per 30 s window: round trip minus the worker's own "
-                                    "time (encode, greedy generate), and the fetch a speculative call adds",
-                            "model": "tiny.en", "threads": args.threads, "speech_set": args.speech_set,
-                            "results": results})
+        print(
+            compute_type,
+            {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in results[compute_type].items()
+                if k != "per_window"
+            },
+            flush=True,
+        )
+    write_result(
+        args.out,
+        {
+            "what": "the stock engine's channel per 30 s window: round trip minus the worker's own "
+            "time (encode, greedy generate), and the fetch a speculative call adds",
+            "model": "tiny.en",
+            "threads": args.threads,
+            "speech_set": args.speech_set,
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

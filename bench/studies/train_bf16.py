@@ -28,7 +28,15 @@ def main() -> None:
 
     from ct2_flash.drafting.flash_drafter import load_checkpoint
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.train.fit import IGNORE, FitConfig, load_examples, make_batch, order_by_length, sample_batch, train_step
+    from ct2_flash.train.fit import (
+        IGNORE,
+        FitConfig,
+        load_examples,
+        make_batch,
+        order_by_length,
+        sample_batch,
+        train_step,
+    )
     from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     torch.set_num_threads(args.threads)
@@ -42,18 +50,38 @@ def main() -> None:
         full_to_short = torch.full((model.config.target.vocab_size,), IGNORE, dtype=torch.long)
         full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
         config = FitConfig(steps=1000, warmup_steps=5, bf16=bf16)
-        batches = [make_batch([examples[i] for i in sample_batch(by_length, 8, np.random.default_rng([0, s]))], 8, 16,
-                              np.random.default_rng([0, s]), config.audio_window) for s in range(args.updates + 3)]
+        batches = [
+            make_batch(
+                [examples[i] for i in sample_batch(by_length, 8, np.random.default_rng([0, s]))],
+                8,
+                16,
+                np.random.default_rng([0, s]),
+                config.audio_window,
+            )
+            for s in range(args.updates + 3)
+        ]
         for step in range(3):
             train_step(model, optimizer, batches[step], full_to_short, config, step)
-        seconds, losses = timed(lambda: [train_step(model, optimizer, batches[step], full_to_short, config, step)
-                                         for step in range(3, args.updates + 3)])
-        runs["bf16" if bf16 else "float32"].append({"updates_per_second": args.updates / seconds,
-                                                    "mean_loss": float(np.mean(losses))})
+        seconds, losses = timed(
+            lambda: [
+                train_step(model, optimizer, batches[step], full_to_short, config, step)
+                for step in range(3, args.updates + 3)
+            ]
+        )
+        runs["bf16" if bf16 else "float32"].append(
+            {"updates_per_second": args.updates / seconds, "mean_loss": float(np.mean(losses))}
+        )
     summary = {name: max(r["updates_per_second"] for r in result) for name, result in runs.items()}
-    write_result(args.out, {"work": args.work, "runs": runs, "best_updates_per_second": summary,
-                            "bf16_speedup": summary["bf16"] / summary["float32"]}, echo=("best_updates_per_second",
-                                                                                       "bf16_speedup"))
+    write_result(
+        args.out,
+        {
+            "work": args.work,
+            "runs": runs,
+            "best_updates_per_second": summary,
+            "bf16_speedup": summary["bf16"] / summary["float32"],
+        },
+        echo=("best_updates_per_second", "bf16_speedup"),
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,17 @@ def main() -> None:
     from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.train.__main__ import default_data_dir
-    from ct2_flash.train.fit import (IGNORE, FitConfig, batch_frames, load_examples, make_batch, order_by_length,
-                                     sample_batch, shortlist_from, train_step)
+    from ct2_flash.train.fit import (
+        IGNORE,
+        FitConfig,
+        batch_frames,
+        load_examples,
+        make_batch,
+        order_by_length,
+        sample_batch,
+        shortlist_from,
+        train_step,
+    )
     from ct2_flash.whisper_model import FlashWhisperModel
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,7 +54,9 @@ def main() -> None:
     model_path = resolve_model("tiny.en")
     examples = load_examples(args.data, "train")
     if len(examples) < args.batch_size:
-        raise SystemExit(f"need >= {args.batch_size} extracted training utterances in {args.data}, have {len(examples)}")
+        raise SystemExit(
+            f"need >= {args.batch_size} extracted training utterances in {args.data}, have {len(examples)}"
+        )
     special = FlashWhisperModel(model_path, stock_engine=False, compute_type="float32").decoder.runtime.special
     shortlist = shortlist_from(examples, 8192, special)
     everything = [dataclasses.replace(e, audio_frames=None) for e in examples]
@@ -59,7 +70,9 @@ def main() -> None:
     results = {}
     for name, (pool, kl_weight, bucketed) in systems.items():
         config = FitConfig(steps=10**6, batch_size=args.batch_size, kl_weight=kl_weight)
-        model = FlashDrafterModel(DrafterConfig(target=target_identity(model_path, "tiny.en"), shortlist_size=len(shortlist)))
+        model = FlashDrafterModel(
+            DrafterConfig(target=target_identity(model_path, "tiny.en"), shortlist_size=len(shortlist))
+        )
         model.init_from_target(CT2ModelFile(model_path))
         model.shortlist.copy_(torch.from_numpy(shortlist))
         model.train()
@@ -70,7 +83,9 @@ def main() -> None:
         by_length = order_by_length(pool)
         for step in range(args.warmup + args.steps):
             rng = np.random.default_rng([0, step])  # the same batches for every system
-            indices = sample_batch(by_length, args.batch_size, rng) if bucketed else rng.choice(len(pool), args.batch_size)
+            indices = (
+                sample_batch(by_length, args.batch_size, rng) if bucketed else rng.choice(len(pool), args.batch_size)
+            )
             chosen = [pool[i] for i in indices]
             started = time.perf_counter()
             batch = make_batch(chosen, model.config.num_draft_tokens, config.blocks_per_utterance, rng)
@@ -78,15 +93,22 @@ def main() -> None:
             if step >= args.warmup:
                 seconds.append(time.perf_counter() - started)
                 frames.append(batch_frames(chosen, 1500))
-        results[name] = {"seconds_per_update": statistics.fmean(seconds),
-                         "minutes_per_1000_updates": statistics.fmean(seconds) * 1000 / 60,
-                         "mean_encoder_frames": statistics.fmean(frames)}
+        results[name] = {
+            "seconds_per_update": statistics.fmean(seconds),
+            "minutes_per_1000_updates": statistics.fmean(seconds) * 1000 / 60,
+            "mean_encoder_frames": statistics.fmean(frames),
+        }
         print(name, {k: round(v, 3) for k, v in results[name].items()})
-    document = {"what": "drafter training wall time per update (batch loading + forward + backward + AdamW)",
-                "utterances": len(examples), "batch_size": args.batch_size, "blocks_per_utterance": 16,
-                "threads": args.threads, "steps_timed": args.steps,
-                "machine": machine(),
-                "results": results}
+    document = {
+        "what": "drafter training wall time per update (batch loading + forward + backward + AdamW)",
+        "utterances": len(examples),
+        "batch_size": args.batch_size,
+        "blocks_per_utterance": 16,
+        "threads": args.threads,
+        "steps_timed": args.steps,
+        "machine": machine(),
+        "results": results,
+    }
     write_result(args.out, document)
 
 

@@ -25,8 +25,9 @@ def bucket_labels() -> List[str]:
     return [f"[{low:g},{high:g})" for low, high in zip(BUCKET_EDGES, BUCKET_EDGES[1:])] + [f">={BUCKET_EDGES[-1]:g}"]
 
 
-def paired_bootstrap(baseline: Sequence[float], candidate: Sequence[float], samples: int = 2000,
-                     confidence: float = 0.95, seed: int = 0) -> Dict[str, float]:
+def paired_bootstrap(
+    baseline: Sequence[float], candidate: Sequence[float], samples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> Dict[str, float]:
     """Speedup sum(baseline) / sum(candidate) with a paired bootstrap interval.
 
     Utterances are resampled with replacement, keeping each baseline time with its own
@@ -72,8 +73,9 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> Opt
     return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
 
 
-def word_error_rate_interval(references: Sequence[str], hypotheses: Sequence[str], samples: int = 2000,
-                             confidence: float = 0.95, seed: int = 0) -> Optional[Dict[str, float]]:
+def word_error_rate_interval(
+    references: Sequence[str], hypotheses: Sequence[str], samples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> Optional[Dict[str, float]]:
     """Corpus WER (as ``word_error_rate``) with a bootstrap interval over utterances: sampled
     transcripts differ by chance, so their WERs are compared with their spread.
 

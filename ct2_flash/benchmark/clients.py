@@ -98,7 +98,7 @@ def wyoming_transcript(port: int, path: str, language: str = "en", timeout: floa
             await client.write_event(Transcribe(language=language).event())
             await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
             for start in range(0, len(samples), WYOMING_CHUNK_BYTES):
-                chunk = samples[start:start + WYOMING_CHUNK_BYTES]
+                chunk = samples[start : start + WYOMING_CHUNK_BYTES]
                 await client.write_event(AudioChunk(rate=16000, width=2, channels=1, audio=chunk).event())
             await client.write_event(AudioStop().event())
             while True:
@@ -117,16 +117,24 @@ def post_transcription(port: int, path: str, timeout: float = 300, fields: Optio
     its JSON answer."""
     boundary = uuid.uuid4().hex
     form = {"response_format": "verbose_json", **(fields or {})}
-    body = b"".join([
-        *(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n".encode()
-          for name, value in form.items()),
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{os.path.basename(path)}\"\r\n"
-        "Content-Type: application/octet-stream\r\n\r\n".encode(),
-        open(path, "rb").read(),
-        f"\r\n--{boundary}--\r\n".encode(),
-    ])
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/audio/transcriptions", data=body, method="POST",
-                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    body = b"".join(
+        [
+            *(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+                for name, value in form.items()
+            ),
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{os.path.basename(path)}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n".encode(),
+            open(path, "rb").read(),
+            f"\r\n--{boundary}--\r\n".encode(),
+        ]
+    )
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/audio/transcriptions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
@@ -135,7 +143,17 @@ def server_config(path: str, model: str, compute_type: str, threads: int, langua
     """A faster-whisper-server ``--config`` file (YAML reads JSON) serving ``model`` greedily
     as ``whisper-1``; returns ``path``."""
     with open(path, "w", encoding="utf-8") as stream:
-        json.dump({"models": [{"name": "whisper-1", "path": model,
-                               "model_options": {"device": "cpu", "compute_type": compute_type, "cpu_threads": threads},
-                               "transcribe_options": {"beam_size": 1, "language": language}}]}, stream)
+        json.dump(
+            {
+                "models": [
+                    {
+                        "name": "whisper-1",
+                        "path": model,
+                        "model_options": {"device": "cpu", "compute_type": compute_type, "cpu_threads": threads},
+                        "transcribe_options": {"beam_size": 1, "language": language},
+                    }
+                ]
+            },
+            stream,
+        )
     return path

@@ -64,8 +64,14 @@ def _checked(kind, options: Dict[str, Any], skip: Sequence[str] = ()) -> Dict[st
     return dict(options)
 
 
-def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str, model_path: str,
-                  compute_type: str = "default", threads: int = 0):
+def build_drafter(
+    spec: Optional[str],
+    options: Dict[str, Any],
+    model_name: str,
+    model_path: str,
+    compute_type: str = "default",
+    threads: int = 0,
+):
     """The drafter for ``FlashWhisperModel(drafter=...)``: ``spec`` itself when there are no
     options (the model resolves it as users' code does), otherwise the Drafter built with them.
     The oracle asks a CTranslate2 model of its own, loaded here with the target's
@@ -79,8 +85,9 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
 
         from ct2_flash.validation.drafters import OracleDrafter
 
-        reference = ctranslate2.models.Whisper(model_path, device="cpu", compute_type=compute_type,
-                                               intra_threads=threads)
+        reference = ctranslate2.models.Whisper(
+            model_path, device="cpu", compute_type=compute_type, intra_threads=threads
+        )
         return OracleDrafter(reference, **_checked(OracleDrafter, options, skip=("reference_model",)))
     if spec == BUILTIN:
         return PromptLookupDrafter(**_checked(PromptLookupDrafter, options))
@@ -90,7 +97,9 @@ def build_drafter(spec: Optional[str], options: Dict[str, Any], model_name: str,
 
     directory = spec or os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or model_name)
     if not os.path.isfile(os.path.join(directory, "drafter.json")):
-        raise ValueError(f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {directory!r} is not one")
+        raise ValueError(
+            f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {directory!r} is not one"
+        )
     runtime = options.pop("runtime", "onnx" if has_graphs(directory) else "pytorch")
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")

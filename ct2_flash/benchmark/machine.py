@@ -23,5 +23,9 @@ def machine() -> dict:
                     flags = [flag for flag in value.split() if flag in wanted]
     except OSError:
         pass
-    return {"cpu": model or platform.processor(), "isa_flags": flags, "cpu_count": os.cpu_count(),
-            "platform": platform.platform()}
+    return {
+        "cpu": model or platform.processor(),
+        "isa_flags": flags,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+    }

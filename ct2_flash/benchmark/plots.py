@@ -6,8 +6,12 @@ import os
 from typing import List
 
 
-SYSTEM_NAMES = {"baseline": "faster-whisper, same engine", "flash": "ct2-flash", "stock": "faster-whisper, stock ct2",
-                "tuned_stock": "faster-whisper, stock ct2 + tuned allocator"}
+SYSTEM_NAMES = {
+    "baseline": "faster-whisper, same engine",
+    "flash": "ct2-flash",
+    "stock": "faster-whisper, stock ct2",
+    "tuned_stock": "faster-whisper, stock ct2 + tuned allocator",
+}
 
 
 def write_plots(document: dict, out_dir: str) -> List[str]:
@@ -22,8 +26,10 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     settings = document["settings"]
-    labels = [f"{s['compute_type']}, {s['threads']} thr" + (f", T={s['temperature']:g}" if s.get("temperature") else "")
-              for s in settings]
+    labels = [
+        f"{s['compute_type']}, {s['threads']} thr" + (f", T={s['temperature']:g}" if s.get("temperature") else "")
+        for s in settings
+    ]
     paths = []
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -32,8 +38,10 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
             buckets = setting["summary"]["buckets"]
             names = list(buckets)
             values = [buckets[n][part]["speedup"] for n in names]
-            errors = [[v - buckets[n][part]["low"] for n, v in zip(names, values)],
-                      [buckets[n][part]["high"] - v for n, v in zip(names, values)]]
+            errors = [
+                [v - buckets[n][part]["low"] for n, v in zip(names, values)],
+                [buckets[n][part]["high"] - v for n, v in zip(names, values)],
+            ]
             width = 0.8 / len(settings)
             positions = [i + offset * width for i in range(len(names))]
             axis.bar(positions, values, width, yerr=errors, capsize=3, label=label)

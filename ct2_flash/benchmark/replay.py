@@ -39,8 +39,13 @@ class Iteration:
     committed: str
 
 
-def replay(processor: OnlineProcessor, audio: np.ndarray, chunk_seconds: float, wait: bool = True,
-           on_commit: Optional[Callable[[List[Word]], None]] = None) -> List[Iteration]:
+def replay(
+    processor: OnlineProcessor,
+    audio: np.ndarray,
+    chunk_seconds: float,
+    wait: bool = True,
+    on_commit: Optional[Callable[[List[Word]], None]] = None,
+) -> List[Iteration]:
     """Feed ``audio`` ([samples] float32, 16 kHz) to ``processor`` as a live stream, then finish it."""
     if not chunk_seconds > 0:
         raise ValueError(f"chunk_seconds must be > 0, got {chunk_seconds!r}")
@@ -63,8 +68,15 @@ def replay(processor: OnlineProcessor, audio: np.ndarray, chunk_seconds: float, 
         committed = processor.process_iter()
         ended = time.perf_counter()
         lag = max(0.0, min(audio.size, (ended - started) * SAMPLE_RATE) - inserted) / SAMPLE_RATE if wait else None
-        iterations.append(Iteration(received=inserted / SAMPLE_RATE, buffer=buffer, seconds=ended - began, lag=lag,
-                                    committed=text_of(committed)))
+        iterations.append(
+            Iteration(
+                received=inserted / SAMPLE_RATE,
+                buffer=buffer,
+                seconds=ended - began,
+                lag=lag,
+                committed=text_of(committed),
+            )
+        )
         if committed and on_commit is not None:
             on_commit(committed)
     rest = processor.finish()

@@ -22,7 +22,13 @@ import ctranslate2
 import numpy as np
 
 from ct2_flash.benchmark.measure import Measurement, measure
-from ct2_flash.benchmark.analysis import bucket_labels, bucket_of, paired_bootstrap, word_error_rate, word_error_rate_interval
+from ct2_flash.benchmark.analysis import (
+    bucket_labels,
+    bucket_of,
+    paired_bootstrap,
+    word_error_rate,
+    word_error_rate_interval,
+)
 from ct2_flash.benchmark.manifest import Utterance
 from ct2_flash.benchmark.machine import machine
 from ct2_flash.benchmark.stock import STOCK_SYSTEMS, StockWorker, allocators_of, stock_systems
@@ -141,15 +147,31 @@ def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int
     from ct2_flash.whisper_model import FlashWhisperModel
 
     drafter = build_drafter(config.drafter, dict(config.drafter_options), config.model, path, compute_type, threads)
-    return FlashWhisperModel(path, compute_type=compute_type, cpu_threads=threads, decoder_threads=config.decoder_threads,
-                             guard_margin=config.guard_margin, num_draft_tokens=config.num_draft_tokens,
-                             drafter=drafter, adaptive=config.adaptive and config.drafter != ORACLE,
-                             draw_drafts=config.draw_drafts, near_exact=config.near_exact,
-                             stock_engine=config.stock_engine, redecodes=False)
+    return FlashWhisperModel(
+        path,
+        compute_type=compute_type,
+        cpu_threads=threads,
+        decoder_threads=config.decoder_threads,
+        guard_margin=config.guard_margin,
+        num_draft_tokens=config.num_draft_tokens,
+        drafter=drafter,
+        adaptive=config.adaptive and config.drafter != ORACLE,
+        draw_drafts=config.draw_drafts,
+        near_exact=config.near_exact,
+        stock_engine=config.stock_engine,
+        redecodes=False,
+    )
 
 
-def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
-                compute_type: str, threads: int, progress: bool = True, temperature: float = 0.0) -> dict:
+def run_setting(
+    config: BenchConfig,
+    utterances: Sequence[Utterance],
+    audio: Dict[str, np.ndarray],
+    compute_type: str,
+    threads: int,
+    progress: bool = True,
+    temperature: float = 0.0,
+) -> dict:
     """Measure one (compute type, threads, temperature) setting; returns its report section."""
     from faster_whisper import WhisperModel
 
@@ -157,9 +179,13 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     baseline = WhisperModel(path, compute_type=compute_type, cpu_threads=threads)
     flash = _flash_model(config, path, compute_type, threads)
     stocks = stock_workers(config, path, compute_type, threads)
-    options = dict(beam_size=1, without_timestamps=config.without_timestamps, word_timestamps=config.word_timestamps,
-                   temperature=temperature,
-                   best_of=config.best_of)
+    options = dict(
+        beam_size=1,
+        without_timestamps=config.without_timestamps,
+        word_timestamps=config.word_timestamps,
+        temperature=temperature,
+        best_of=config.best_of,
+    )
 
     def run_flash(key, samples, seed):
         flash.reset_spec_stats()
@@ -175,8 +201,14 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         if config.drafter == "oracle":  # the oracle decodes each window once, then replays it
             for utterance in utterances[1:]:
                 measure(flash, audio[utterance.path], **options)
-        runs = _interleave(systems, utterances, audio, config.repeats,
-                           f"{compute_type}, {threads} thread(s), T={temperature:g}", progress)
+        runs = _interleave(
+            systems,
+            utterances,
+            audio,
+            config.repeats,
+            f"{compute_type}, {threads} thread(s), T={temperature:g}",
+            progress,
+        )
         for run in runs:
             run["flash"], run["stats"] = [m for m, _ in run["flash"]], [stats for _, stats in run["flash"]]
     finally:
@@ -185,30 +217,49 @@ def run_setting(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
         flash.model.engines.close()  # its stock worker, if it has one
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
     engines = flash.model.engines
-    return {"compute_type": compute_type, "threads": threads, "temperature": temperature,
-            "drafter": type(flash.drafter).__name__,
-            # decoder_threads="auto": the timed choice between the shared model and a one-thread copy
-            "decoder_split": {**dataclasses.asdict(flash.decoder_split), "split": flash.decoder_split.split}
-            if flash.decoder_split else None,
-            "stock_ctranslate2": stocks["stock"].version if stocks else None,
-            "stock_allocators": allocators_of(stocks),
-            # The stock engine's worker (if on): generate() calls each engine served over the
-            # whole setting (warm-up included), and the greedy costs per token it measured.
-            "engines": {"stock_active": engines.stock_active, "generate_calls": dict(engines.generate_calls),
-                        "patched_cost": engines.engine_router.patched_cost, "stock_cost": dict(engines.engine_router.stock_cost),
-                        "stock_failures": engines.stock_failures,
-                        "keeps_freed_memory": engines.stock.keeps_freed_memory if engines.stock is not None else None,
-                        "allocator": engines.stock.allocator if engines.stock is not None else None,
-                        # Per request kind: requests, seconds from send to answer, seconds the
-                        # worker spent on them (the difference is the channel: pipes, copies, JSON).
-                        "channel": {op: {"requests": n, "round_trip_seconds": trip, "worker_seconds": work}
-                                    for op, (n, trip, work) in engines.stock.timings.items()}
-                        if engines.stock is not None else {}},
-            "summary": summarise(rows), "utterances": rows}
+    return {
+        "compute_type": compute_type,
+        "threads": threads,
+        "temperature": temperature,
+        "drafter": type(flash.drafter).__name__,
+        # decoder_threads="auto": the timed choice between the shared model and a one-thread copy
+        "decoder_split": {**dataclasses.asdict(flash.decoder_split), "split": flash.decoder_split.split}
+        if flash.decoder_split
+        else None,
+        "stock_ctranslate2": stocks["stock"].version if stocks else None,
+        "stock_allocators": allocators_of(stocks),
+        # The stock engine's worker (if on): generate() calls each engine served over the
+        # whole setting (warm-up included), and the greedy costs per token it measured.
+        "engines": {
+            "stock_active": engines.stock_active,
+            "generate_calls": dict(engines.generate_calls),
+            "patched_cost": engines.engine_router.patched_cost,
+            "stock_cost": dict(engines.engine_router.stock_cost),
+            "stock_failures": engines.stock_failures,
+            "keeps_freed_memory": engines.stock.keeps_freed_memory if engines.stock is not None else None,
+            "allocator": engines.stock.allocator if engines.stock is not None else None,
+            # Per request kind: requests, seconds from send to answer, seconds the
+            # worker spent on them (the difference is the channel: pipes, copies, JSON).
+            "channel": {
+                op: {"requests": n, "round_trip_seconds": trip, "worker_seconds": work}
+                for op, (n, trip, work) in engines.stock.timings.items()
+            }
+            if engines.stock is not None
+            else {},
+        },
+        "summary": summarise(rows),
+        "utterances": rows,
+    }
 
 
-def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
-                compute_type: str, threads: int, progress: bool = True) -> List[dict]:
+def run_batched(
+    config: BenchConfig,
+    utterances: Sequence[Utterance],
+    audio: Dict[str, np.ndarray],
+    compute_type: str,
+    threads: int,
+    progress: bool = True,
+) -> List[dict]:
     """faster-whisper's ``BatchedInferencePipeline`` around each system, per batch size.
 
     ct2-flash decodes the speculative rows of a batch one after another (the patched decoder
@@ -226,11 +277,14 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     try:
         for batch_size in config.batch_sizes:
             options = dict(beam_size=1, batch_size=batch_size, word_timestamps=config.word_timestamps)
-            systems = {name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
-                       for name, pipeline in (("baseline", baseline), ("flash", flash))}
+            systems = {
+                name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
+                for name, pipeline in (("baseline", baseline), ("flash", flash))
+            }
             for name, stock in stocks.items():
-                systems[name] = (lambda key, samples, seed, stock=stock:
-                                 stock.measure(key, samples, seed, batched=True, **options))
+                systems[name] = lambda key, samples, seed, stock=stock: stock.measure(
+                    key, samples, seed, batched=True, **options
+                )
             first = utterances[0]
             for run_system in systems.values():  # warm-up: first calls allocate and load kernels
                 run_system(first.path, audio[first.path], 0)
@@ -244,20 +298,28 @@ def run_batched(config: BenchConfig, utterances: Sequence[Utterance], audio: Dic
     return sections
 
 
-def _batched_section(batch_size: int, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
-                     runs: List[Dict[str, list]], stats) -> dict:
+def _batched_section(
+    batch_size: int, utterances: Sequence[Utterance], audio: Dict[str, np.ndarray], runs: List[Dict[str, list]], stats
+) -> dict:
     """One batch size's report: per utterance the median times of each system, identity
     against faster-whisper on the same engine (and on stock), and the speed-ups over all."""
     names = [name for name in ("baseline", "flash", *STOCK_SYSTEMS) if name in runs[0]]
     rows = []
     for index, utterance in enumerate(utterances):
         got = runs[index]["flash"]
-        rows.append({
-            "name": utterance.name, "seconds": audio[utterance.path].size / SAMPLE_RATE,
-            "identical": all(map(_same, runs[index]["baseline"], got)),
-            **{f"{name}_identical": all(map(_same, runs[index][name], got)) for name in STOCK_SYSTEMS if name in names},
-            **{name: _medians(runs[index][name]) for name in names},
-        })
+        rows.append(
+            {
+                "name": utterance.name,
+                "seconds": audio[utterance.path].size / SAMPLE_RATE,
+                "identical": all(map(_same, runs[index]["baseline"], got)),
+                **{
+                    f"{name}_identical": all(map(_same, runs[index][name], got))
+                    for name in STOCK_SYSTEMS
+                    if name in names
+                },
+                **{name: _medians(runs[index][name]) for name in names},
+            }
+        )
     audio_seconds = sum(r["seconds"] for r in rows)
     return {
         "batch_size": batch_size,
@@ -266,13 +328,20 @@ def _batched_section(batch_size: int, utterances: Sequence[Utterance], audio: Di
         **_versus_stock(rows),
         "audio_seconds_per_second": {name: audio_seconds / sum(r[name]["whole"] for r in rows) for name in names},
         # over every timed repeat: which way the rows went
-        "speculative_rows": stats.generate_calls, "generate_rows": stats.generate_rows,
+        "speculative_rows": stats.generate_calls,
+        "generate_rows": stats.generate_rows,
         "utterances": rows,
     }
 
 
-def _interleave(systems: Dict[str, Callable], utterances: Sequence[Utterance], audio: Dict[str, np.ndarray],
-                repeats: int, description: str, progress: bool) -> List[Dict[str, list]]:
+def _interleave(
+    systems: Dict[str, Callable],
+    utterances: Sequence[Utterance],
+    audio: Dict[str, np.ndarray],
+    repeats: int,
+    description: str,
+    progress: bool,
+) -> List[Dict[str, list]]:
     """Run every system on every utterance, ``repeats`` times, in every order of the systems in turn.
 
     Args:
@@ -308,8 +377,10 @@ def _same(one: Measurement, other: Measurement) -> bool:
 
 def _medians(runs: Sequence[Measurement]) -> Dict[str, float]:
     """A system's median decode, whole-path and encoder seconds over its repeats."""
-    return {part: statistics.median(getattr(run, f"{part}_seconds") for run in runs)
-            for part in ("decode", "whole", "encode")}
+    return {
+        part: statistics.median(getattr(run, f"{part}_seconds") for run in runs)
+        for part in ("decode", "whole", "encode")
+    }
 
 
 def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, list]) -> dict:
@@ -334,10 +405,19 @@ def _utterance_row(utterance: Utterance, samples: np.ndarray, runs: Dict[str, li
         "words": len(base[0].words),  # timed words (word_timestamps), compared with the tokens
         "identical": all(map(_same, base, flash)),
         "baseline": _medians(base),
-        "flash": {**_medians(flash), "drafter": drafter_seconds, "verify": verify_seconds, "loop": loop_seconds,
-                  "generate": generate_seconds},
-        **{key: value for name in STOCK_SYSTEMS if runs.get(name)
-           for key, value in ((name, _medians(runs[name])), (f"{name}_identical", all(map(_same, runs[name], flash))))},
+        "flash": {
+            **_medians(flash),
+            "drafter": drafter_seconds,
+            "verify": verify_seconds,
+            "loop": loop_seconds,
+            "generate": generate_seconds,
+        },
+        **{
+            key: value
+            for name in STOCK_SYSTEMS
+            if runs.get(name)
+            for key, value in ((name, _medians(runs[name])), (f"{name}_identical", all(map(_same, runs[name], flash))))
+        },
         "target_calls": counts.target_calls,
         "emitted": counts.emitted,
         "draft_rounds": counts.draft_rounds,
@@ -377,7 +457,8 @@ def _versus_stock(rows: Sequence[dict]) -> dict:
         present = bool(rows) and all(name in r for r in rows)
         report[f"speedup_vs_{name}"] = _speedups(rows, name) if present else None
         report[f"{name}_token_identity"] = (
-            {"identical": sum(r[f"{name}_identical"] for r in rows), "of": len(rows)} if present else None)
+            {"identical": sum(r[f"{name}_identical"] for r in rows), "of": len(rows)} if present else None
+        )
     return report
 
 
@@ -400,14 +481,20 @@ def summarise(rows: Sequence[dict]) -> dict:
         encode = sum(r[system]["encode"] for r in rows)
         split = {"encoder": encode, "decode": decode, "rest of whole path": max(0.0, whole - encode - decode)}
         if system == "flash":
-            drafter, verify, loop, generate = (sum(r["flash"][part] for r in rows)
-                                               for part in ("drafter", "verify", "loop", "generate"))
+            drafter, verify, loop, generate = (
+                sum(r["flash"][part] for r in rows) for part in ("drafter", "verify", "loop", "generate")
+            )
             # Calls the policy sent to CTranslate2's generate() are decode time too, but not
             # the loop's: each part gets its own bar.
-            split = {"encoder": encode, "drafter": drafter, "verification": verify,
-                     "loop bookkeeping (python, rules)": loop, "generate() calls": generate,
-                     "other decode (faster-whisper, wrapper)": max(0.0, decode - drafter - verify - loop - generate),
-                     "rest of whole path": max(0.0, whole - encode - decode)}
+            split = {
+                "encoder": encode,
+                "drafter": drafter,
+                "verification": verify,
+                "loop bookkeeping (python, rules)": loop,
+                "generate() calls": generate,
+                "other decode (faster-whisper, wrapper)": max(0.0, decode - drafter - verify - loop - generate),
+                "rest of whole path": max(0.0, whole - encode - decode),
+            }
         systems[system] = {
             "audio_seconds_per_second": _ratio(audio_seconds, whole),
             "generated_tokens_per_second": _ratio(tokens, decode),
@@ -415,16 +502,23 @@ def summarise(rows: Sequence[dict]) -> dict:
             "decode_seconds": decode,
             "time_split_seconds": split,
             "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
-            if system not in STOCK_SYSTEMS else None,
-            "wer_interval": word_error_rate_interval([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
-            if system not in STOCK_SYSTEMS else None,
+            if system not in STOCK_SYSTEMS
+            else None,
+            "wer_interval": word_error_rate_interval(
+                [r["reference"] for r in rows], [r[f"{system}_text"] for r in rows]
+            )
+            if system not in STOCK_SYSTEMS
+            else None,
         }
     buckets = {}
     for label in bucket_labels():
         members = [r for r in rows if r["bucket"] == label]
         if members:
-            buckets[label] = {"utterances": len(members), "audio_seconds": sum(r["seconds"] for r in members),
-                              **_speedups(members)}
+            buckets[label] = {
+                "utterances": len(members),
+                "audio_seconds": sum(r["seconds"] for r in members),
+                **_speedups(members),
+            }
     return {
         "utterances": len(rows),
         "audio_seconds": audio_seconds,
@@ -460,9 +554,14 @@ def break_even(rows: Sequence[dict], systems: Dict[str, dict], tokens: int) -> O
     if not calls or not tokens:
         return None
     call_ms = 1e3 * sum(r["flash"]["drafter"] + r["flash"]["verify"] + r["flash"]["loop"] for r in rows) / calls
-    per_token = {system: 1e3 * entry["decode_seconds"] / tokens for system, entry in systems.items() if system != "flash"}
-    return {"loop_call_ms": call_ms, "decode_ms_per_token": per_token,
-            "tokens_per_call": {system: call_ms / ms for system, ms in per_token.items() if ms > 0}}
+    per_token = {
+        system: 1e3 * entry["decode_seconds"] / tokens for system, entry in systems.items() if system != "flash"
+    }
+    return {
+        "loop_call_ms": call_ms,
+        "decode_ms_per_token": per_token,
+        "tokens_per_call": {system: call_ms / ms for system, ms in per_token.items() if ms > 0},
+    }
 
 
 def calibration_cells(rows: Sequence[dict]) -> List[List[dict]]:
@@ -474,9 +573,17 @@ def calibration_cells(rows: Sequence[dict]) -> List[List[dict]]:
     for r in rows:
         for position, cells in enumerate(r.get("calibration", [])):
             counts[position] += np.asarray(cells, dtype=np.int64)
-    return [[{"confidence": (b + 0.5) / CONFIDENCE_BINS, "judged": int(counts[p, b, 0]),
-              "observed": _ratio(int(counts[p, b, 1]), int(counts[p, b, 0]))}
-             for b in range(CONFIDENCE_BINS)] for p in range(positions)]
+    return [
+        [
+            {
+                "confidence": (b + 0.5) / CONFIDENCE_BINS,
+                "judged": int(counts[p, b, 0]),
+                "observed": _ratio(int(counts[p, b, 1]), int(counts[p, b, 0])),
+            }
+            for b in range(CONFIDENCE_BINS)
+        ]
+        for p in range(positions)
+    ]
 
 
 def run(config: BenchConfig, utterances: Sequence[Utterance], progress: bool = True) -> dict:

@@ -31,11 +31,17 @@ def median_ms(function: Callable[[], Any], repeats: int, warmup: int = 3) -> flo
     return 1000 * statistics.median(timed(function)[0] for _ in range(repeats))
 
 
-def lowest_median_ms(function: Callable[[], Any], repeats: int, groups: int = 4, warmup: int = 5,
-                     before: Optional[Callable[[], Any]] = None) -> float:
+def lowest_median_ms(
+    function: Callable[[], Any],
+    repeats: int,
+    groups: int = 4,
+    warmup: int = 5,
+    before: Optional[Callable[[], Any]] = None,
+) -> float:
     """The lowest of ``groups`` medians of ``repeats / groups`` timed calls: other work on the
     two cores only ever adds time, so the quietest group is the closest to the cost itself.
     ``before``, if given, runs untimed before each call (warm-ups included)."""
+
     def once() -> float:
         if before is not None:
             before()

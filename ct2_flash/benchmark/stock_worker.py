@@ -71,21 +71,32 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "model" in request:
-            model = WhisperModel(request["model"], compute_type=request["compute_type"], cpu_threads=request["threads"],
-                                 num_workers=request.get("num_workers", 1))
+            model = WhisperModel(
+                request["model"],
+                compute_type=request["compute_type"],
+                cpu_threads=request["threads"],
+                num_workers=request.get("num_workers", 1),
+            )
             pipeline = BatchedInferencePipeline(model)
             answer = {"ready": True, "ctranslate2": ctranslate2.__version__}
         elif "audios" in request:
-            seconds, tokens = shared(model, [np.load(path) for path in request["audios"]], request["workers"],
-                                     request["options"])
+            seconds, tokens = shared(
+                model, [np.load(path) for path in request["audios"]], request["workers"], request["options"]
+            )
             answer = {"seconds": seconds, "tokens": tokens}
         else:
             ctranslate2.set_random_seed(request.get("seed", 0))
             system = pipeline if request.get("batched") else model
             result = measure_module.measure(system, np.load(request["audio"]), **request["options"])
-            answer = {"whole": result.whole_seconds, "encode": result.encode_seconds, "decode": result.decode_seconds,
-                      "tokens": result.tokens, "text": result.text, "temperatures": result.temperatures,
-                      "words": result.words}
+            answer = {
+                "whole": result.whole_seconds,
+                "encode": result.encode_seconds,
+                "decode": result.decode_seconds,
+                "tokens": result.tokens,
+                "text": result.text,
+                "temperatures": result.temperatures,
+                "words": result.words,
+            }
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 

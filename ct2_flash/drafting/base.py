@@ -29,9 +29,13 @@ def one_greedy_hypothesis(generate_options) -> bool:
     """Whether ``Whisper.generate(**generate_options)`` decodes one greedy hypothesis per row:
     ``beam_size=1`` given (CTranslate2 defaults to 5), the argmax (``draws_at_random``), one
     hypothesis."""
-    return (generate_options.get("beam_size", 5) == 1 and generate_options.get("num_hypotheses", 1) == 1
-            and not draws_at_random(generate_options.get("sampling_topk", 1),
-                                    generate_options.get("sampling_temperature", 1.0)))
+    return (
+        generate_options.get("beam_size", 5) == 1
+        and generate_options.get("num_hypotheses", 1) == 1
+        and not draws_at_random(
+            generate_options.get("sampling_topk", 1), generate_options.get("sampling_temperature", 1.0)
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -267,8 +271,12 @@ def cut_by_confidence(proposal: Proposal, min_confidence: float) -> Proposal:
     if min_confidence <= 0.0 or not proposal.log_probs:
         return proposal
     keep = int(np.sum(np.cumsum(proposal.log_probs) >= math.log(min_confidence)))
-    return replace(proposal, tokens=proposal.tokens[:keep], log_probs=proposal.log_probs[:keep],
-                   logits=None if proposal.logits is None else proposal.logits[:keep])
+    return replace(
+        proposal,
+        tokens=proposal.tokens[:keep],
+        log_probs=proposal.log_probs[:keep],
+        logits=None if proposal.logits is None else proposal.logits[:keep],
+    )
 
 
 def check_audio_window(window: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:

@@ -189,8 +189,12 @@ def model_fingerprint(model_path: str) -> str:
 
 def write_adapted(directory: str, model_path: str, compute_type: str, details: dict) -> None:
     """Record in ``directory`` the model and compute type a drafter was adapted for."""
-    record = {"model_path": os.path.abspath(model_path), "model_sha256": model_fingerprint(model_path),
-              "compute_type": compute_type, **details}
+    record = {
+        "model_path": os.path.abspath(model_path),
+        "model_sha256": model_fingerprint(model_path),
+        "compute_type": compute_type,
+        **details,
+    }
     with open(os.path.join(directory, ADAPTED_FILE), "w", encoding="utf-8") as stream:
         json.dump(record, stream, indent=1)
 
@@ -215,9 +219,11 @@ def check_adapted(directory: str, model_path: str, compute_type: Optional[str]) 
     if model_fingerprint(model_path) != wanted_model:
         raise DrafterMismatchError(
             f"the drafter in {directory} was adapted for the model in {record.get('model_path')!r}, not for the "
-            f"loaded one in {model_path!r}: adapt one for this model (ct2-flash adapt --model {model_path})")
+            f"loaded one in {model_path!r}: adapt one for this model (ct2-flash adapt --model {model_path})"
+        )
     if compute_type is not None and compute_type != wanted_type:
         raise DrafterMismatchError(
             f"the drafter in {directory} was adapted at compute type {wanted_type!r} and the model runs at "
             f"{compute_type!r}: load the model with compute_type={wanted_type!r}, or adapt a drafter at this "
-            f"compute type (ct2-flash adapt --compute-type ...)")
+            f"compute type (ct2-flash adapt --compute-type ...)"
+        )

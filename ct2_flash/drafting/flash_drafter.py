@@ -22,8 +22,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ct2_flash.drafting.base import (Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window, check_round_options,
-                       cut_by_confidence)
+from ct2_flash.drafting.base import (
+    Drafter,
+    DraftWindow,
+    Proposal,
+    audio_window_span,
+    check_audio_window,
+    check_round_options,
+    cut_by_confidence,
+)
 from ct2_flash.drafting.files import (  # noqa: F401 (re-exported)
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -82,7 +89,9 @@ def load_checkpoint(directory: str, model_path: str) -> FlashDrafterModel:
         raise CheckpointError(f"{weights_path}: missing {sorted(missing)}, unexpected {sorted(unknown)}")
     for name, tensor in model.state_dict().items():
         if name in weights and weights[name].shape != tensor.shape:
-            raise CheckpointError(f"{weights_path}: {name} has shape {tuple(weights[name].shape)}, expected {tuple(tensor.shape)}")
+            raise CheckpointError(
+                f"{weights_path}: {name} has shape {tuple(weights[name].shape)}, expected {tuple(tensor.shape)}"
+            )
     model.init_from_target(CT2ModelFile(model_path))
     model.load_state_dict(weights, strict=False)
     model.eval()
@@ -93,7 +102,7 @@ PRECISIONS = ("int8", "bfloat16", "float32")
 
 
 def default_precision() -> str:
-    """"int8" where torch has a quantized CPU engine (x86 fbgemm, ARM qnnpack), else float32.
+    """ "int8" where torch has a quantized CPU engine (x86 fbgemm, ARM qnnpack), else float32.
 
     A draft round multiplies ~9 rows by ~15 MB of weights, so it is bound by memory traffic,
     not arithmetic: int8 weights (with float32 activations) cut the linears and the draft head
@@ -163,9 +172,16 @@ class FlashDrafter(Drafter):
 
     needs_states = True
 
-    def __init__(self, model: FlashDrafterModel, precision: Optional[str] = None, min_confidence: float = 0.1,
-                 use_shortlist: bool = True, threads: int = 1, bfloat16_keys: Optional[bool] = None,
-                 audio_window: Optional[Tuple[int, int]] = None) -> None:
+    def __init__(
+        self,
+        model: FlashDrafterModel,
+        precision: Optional[str] = None,
+        min_confidence: float = 0.1,
+        use_shortlist: bool = True,
+        threads: int = 1,
+        bfloat16_keys: Optional[bool] = None,
+        audio_window: Optional[Tuple[int, int]] = None,
+    ) -> None:
         precision = precision or default_precision()
         check_round_options(precision, PRECISIONS, min_confidence, threads)
         self.audio_window = check_audio_window(audio_window)
@@ -265,7 +281,7 @@ class FlashDrafter(Drafter):
             best, index = logits.max(-1)
             tokens = self._vocabulary[index].tolist()
             log_probs = (best - torch.logsumexp(logits, -1)).tolist()  # log p(best) per position
-        proposal = Proposal(tokens=tuple(tokens), log_probs=tuple(log_probs), logits=logits.numpy(),
-                            vocabulary=self._vocabulary.numpy())
+        proposal = Proposal(
+            tokens=tuple(tokens), log_probs=tuple(log_probs), logits=logits.numpy(), vocabulary=self._vocabulary.numpy()
+        )
         return cut_by_confidence(proposal, self.min_confidence)
-

@@ -138,7 +138,9 @@ class DrafterLayer(nn.Module):
         q, k = rotate(qkv[:, :, : 2 * self.num_heads], rope).chunk(2, dim=2)
         k = torch.cat([history_kv[0], k], dim=1)
         v = torch.cat([history_kv[1], qkv[:, :, 2 * self.num_heads :]], dim=1)
-        attended = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None if mask is None else mask[:, None])
+        attended = _attend(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None if mask is None else mask[:, None]
+        )
         x = x + self.self_out(attended.transpose(1, 2).flatten(-2))
         weights = None
         if cross_kv is not None:
@@ -167,12 +169,13 @@ class FlashDrafterModel(nn.Module):
         d, vocab, k = config.d_model, config.target.vocab_size, config.num_draft_tokens
         self.register_buffer("token_embedding", torch.zeros(vocab, d), persistent=True)
         self.register_buffer("position_embedding", torch.zeros(config.max_positions, d), persistent=True)
-        self.register_buffer("shortlist", torch.arange(vocab) if not config.shortlist_size else torch.zeros(config.shortlist_size, dtype=torch.long))
+        self.register_buffer(
+            "shortlist",
+            torch.arange(vocab) if not config.shortlist_size else torch.zeros(config.shortlist_size, dtype=torch.long),
+        )
         self.mask_embedding = nn.Parameter(torch.zeros(k, d))
         self.history_proj = nn.Linear(config.history_dim, d)
-        self.layers = nn.ModuleList(
-            DrafterLayer(d, config.num_heads, config.ffn_dim) for _ in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(DrafterLayer(d, config.num_heads, config.ffn_dim) for _ in range(config.num_layers))
         self.final_norm = nn.LayerNorm(d)
         # A block may reach K positions past the context; positions beyond the table are
         # clamped to its last row (no such position is ever verified).
@@ -259,6 +262,7 @@ class FlashDrafterModel(nn.Module):
     @torch.no_grad()
     def init_from_target(self, model_bin: CT2ModelFile) -> None:
         """Copy the target's embedding, positions, decoder blocks 0..L-1 and final norm."""
+
         def tensor(name: str) -> torch.Tensor:
             return torch.from_numpy(np.asarray(model_bin[name], dtype=np.float32).copy())
 
@@ -295,8 +299,9 @@ class FlashDrafterModel(nn.Module):
         self.final_norm.bias.copy_(tensor("decoder/layer_norm/beta"))
 
 
-def block_attention_mask(anchor_positions: torch.Tensor, history_length: torch.Tensor, history_size: int, k: int,
-                         causal: bool = False) -> torch.Tensor:
+def block_attention_mask(
+    anchor_positions: torch.Tensor, history_length: torch.Tensor, history_size: int, k: int, causal: bool = False
+) -> torch.Tensor:
     """Who may attend to whom when N blocks are packed after a history of ``history_size``.
 
     Args:

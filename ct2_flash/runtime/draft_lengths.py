@@ -181,8 +181,14 @@ class DraftLengths:
         """Learn what a proposal of ``rows`` mask rows cost."""
         self.proposal.observe(rows, seconds)
 
-    def observe(self, drafts: int, accepted: int, rejected: bool, verify_seconds: float,
-                log_probs: Optional[Sequence[float]] = None) -> None:
+    def observe(
+        self,
+        drafts: int,
+        accepted: int,
+        rejected: bool,
+        verify_seconds: float,
+        log_probs: Optional[Sequence[float]] = None,
+    ) -> None:
         """Learn from one verification of ``drafts`` drafts.
 
         Args:
@@ -210,8 +216,11 @@ class DraftLengths:
     def calibration(self) -> List[dict]:
         """Observed against predicted acceptance per confidence bin (for the benchmark's plot)."""
         return [
-            {"confidence": (b + 0.5) / CONFIDENCE_BINS, "proposed": int(self.proposed[b]),
-             "observed": float(self.accepted[b] / self.proposed[b]) if self.proposed[b] else math.nan}
+            {
+                "confidence": (b + 0.5) / CONFIDENCE_BINS,
+                "proposed": int(self.proposed[b]),
+                "observed": float(self.accepted[b] / self.proposed[b]) if self.proposed[b] else math.nan,
+            }
             for b in range(CONFIDENCE_BINS)
         ]
 

@@ -178,9 +178,9 @@ class LogitRules:
         margin = min(margin, float(best - runner_up)) if np.isfinite(runner_up) else margin
         return token, float(best - _logsumexp(logits)), margin
 
-
-    def choose_block(self, logits: np.ndarray, generated: Sequence[int], drafts: Sequence[int],
-                     until_mismatch: bool = False) -> "BlockChoice":
+    def choose_block(
+        self, logits: np.ndarray, generated: Sequence[int], drafts: Sequence[int], until_mismatch: bool = False
+    ) -> "BlockChoice":
         """``choose`` for every row of a verified block, as array operations over the block.
 
         The rules and the argmax run over the rows (one pass over the vocabulary); the margins
@@ -205,15 +205,18 @@ class LogitRules:
         ends = [FIRST_ROWS, rows] if until_mismatch and rows > FIRST_ROWS else [rows]
         tokens, margins, start = [], [], 0
         for end in ends:
-            chosen, rule_margins = self._choose_rows(logits[start:end], len(generated) + start,
-                                                    facts and [fact[start:end] for fact in facts])
+            chosen, rule_margins = self._choose_rows(
+                logits[start:end], len(generated) + start, facts and [fact[start:end] for fact in facts]
+            )
             tokens.append(chosen)
             margins.append(rule_margins)
             judged = [int(t) for t in chosen[: max(0, len(drafts) - start)]]
             if judged != drafts[start:end] or self.special.eot in judged:
                 break
             start = end
-        tokens, margins = (tokens[0], margins[0]) if len(tokens) == 1 else (np.concatenate(tokens), np.concatenate(margins))
+        tokens, margins = (
+            (tokens[0], margins[0]) if len(tokens) == 1 else (np.concatenate(tokens), np.concatenate(margins))
+        )
         return BlockChoice(tokens=tokens, rule_margins=margins, edited=logits[: len(tokens)])
 
     def _choose_rows(self, logits: np.ndarray, first_step: int, facts):
@@ -286,8 +289,9 @@ class LogitRules:
         rows = logits.shape[0]
         logits[:, special.no_timestamps] = _DISABLED
         timestamps = logits[:, ts_begin:]  # a view: [r, timestamps]
-        timestamps[(self._timestamp_ids < np.asarray(lowest)[:, None])
-                   | (self._timestamp_ids > np.asarray(highest)[:, None])] = _DISABLED
+        timestamps[
+            (self._timestamp_ids < np.asarray(lowest)[:, None]) | (self._timestamp_ids > np.asarray(highest)[:, None])
+        ] = _DISABLED
         for end in set(text_end) - {0}:  # at most two groups: first-token rows, lone-timestamp rows
             logits[[row for row in range(rows) if text_end[row] == end], :end] = _DISABLED
 
@@ -387,4 +391,3 @@ def _logsumexp(values: np.ndarray) -> float:
     if not np.isfinite(peak):
         return float(peak)
     return float(peak + np.log(np.sum(np.exp(values - peak))))
-

@@ -56,8 +56,10 @@ def isa_of(environ, cpu_flags, machine: str) -> str:
     forced = environ.get("CT2_FORCE_CPU_ISA", "")
     if forced:
         if forced not in LANE_WIDTHS:
-            raise ValueError(f"CT2_FORCE_CPU_ISA={forced!r} is not an ISA CTranslate2 knows "
-                             f"(one of {', '.join(sorted(LANE_WIDTHS))})")
+            raise ValueError(
+                f"CT2_FORCE_CPU_ISA={forced!r} is not an ISA CTranslate2 knows "
+                f"(one of {', '.join(sorted(LANE_WIDTHS))})"
+            )
         return forced
     machine = machine.lower()
     if machine in ("aarch64", "arm64"):
@@ -92,8 +94,10 @@ def engine_isa() -> str:
             flags = _cpu_flags()
             machine = platform.machine()
             if flags is None and machine.lower() in _X86:
-                logger.warning("ct2-flash: cannot read the CPU's feature flags (no /proc/cpuinfo); scores take "
-                               "CTranslate2's AVX2 kernels until one score of the engine's is compared")
+                logger.warning(
+                    "ct2-flash: cannot read the CPU's feature flags (no /proc/cpuinfo); scores take "
+                    "CTranslate2's AVX2 kernels until one score of the engine's is compared"
+                )
             _decision.isa = isa_of(os.environ, flags, machine)
         return _decision.isa
 
@@ -108,8 +112,11 @@ def skip_confirmation(reason: str) -> None:
         if _decision.confirmed:
             return
         _decision.confirmed = True
-    logger.warning("ct2-flash: could not check the engine's ISA against one of its scores (%s); scores follow %s",
-                   reason, engine_isa())
+    logger.warning(
+        "ct2-flash: could not check the engine's ISA against one of its scores (%s); scores follow %s",
+        reason,
+        engine_isa(),
+    )
 
 
 def confirm_isa(rows: np.ndarray, columns, engine_scores) -> str:
@@ -136,20 +143,30 @@ def confirm_isa(rows: np.ndarray, columns, engine_scores) -> str:
         _decision.confirmed = True
     engine_scores = np.asarray(engine_scores, dtype=np.float64)
     candidates = ("NEON", "GENERIC") if decided == "NEON" else ("AVX2", "AVX512", "GENERIC")
-    distance = {isa: float(np.abs(log_softmax_at(rows, columns, isa) - engine_scores).max())
-                for isa in (decided,) + tuple(c for c in candidates if c != decided)}
+    distance = {
+        isa: float(np.abs(log_softmax_at(rows, columns, isa) - engine_scores).max())
+        for isa in (decided,) + tuple(c for c in candidates if c != decided)
+    }
     if distance[decided] <= ISA_MATCH:
         return decided
     best = min(distance, key=distance.get)
     if distance[best] <= ISA_MATCH:
-        logger.warning("ct2-flash: CTranslate2 scores as its %s kernels do, not %s as the CPU's flags suggest; "
-                       "scores follow %s", best, decided, best)
+        logger.warning(
+            "ct2-flash: CTranslate2 scores as its %s kernels do, not %s as the CPU's flags suggest; scores follow %s",
+            best,
+            decided,
+            best,
+        )
         with _decision.lock:
             _decision.isa = best
         return best
-    logger.warning("ct2-flash: no known CTranslate2 kernel gives the engine's scores (closest: %s, %.1e away); the "
-                   "scores of rows the loop decides may differ from generate()'s by about that much (tokens do "
-                   "not change)", best, distance[best])
+    logger.warning(
+        "ct2-flash: no known CTranslate2 kernel gives the engine's scores (closest: %s, %.1e away); the "
+        "scores of rows the loop decides may differ from generate()'s by about that much (tokens do "
+        "not change)",
+        best,
+        distance[best],
+    )
     return decided
 
 
@@ -211,9 +228,15 @@ def log_softmax_at(rows: np.ndarray, columns, isa=None) -> np.ndarray:
     if size <= width:
         raise ValueError(f"rows of {size} columns are no wider than the engine's {width} lanes")
     body = size - size % width
-    peaks, lane_sums, tail, picked = _session().run(None, {
-        "rows": rows, "columns": columns, "body": np.array([body], dtype=np.int64),
-        "lane_shape": np.array([count, body // width, width], dtype=np.int64)})
+    peaks, lane_sums, tail, picked = _session().run(
+        None,
+        {
+            "rows": rows,
+            "columns": columns,
+            "body": np.array([body], dtype=np.int64),
+            "lane_shape": np.array([count, body // width, width], dtype=np.int64),
+        },
+    )
     sums = fold_lanes(lane_sums[:, 0, :], isa)
     for column in range(tail.shape[1]):  # the leftover columns, one at a time
         sums = sums + tail[:, column]

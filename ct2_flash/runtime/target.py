@@ -263,8 +263,9 @@ class TargetRuntime:
         rng = np.random.default_rng(0)
         rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
         self._recovery_rows = rows
-        self._recovery_pinv = np.ascontiguousarray(np.linalg.pinv(self.embedding(rows).astype(np.float64)).T,
-                                                   dtype=np.float32)
+        self._recovery_pinv = np.ascontiguousarray(
+            np.linalg.pinv(self.embedding(rows).astype(np.float64)).T, dtype=np.float32
+        )
         self._blas = ThreadpoolController().select(user_api="blas")
 
     def embedding(self, rows: Optional[np.ndarray] = None) -> np.ndarray:

@@ -22,12 +22,23 @@ from typing import Dict, Mapping, Optional
 
 TCMALLOC = "libtcmalloc_minimal.so.4"
 # Where Debian, Ubuntu, Fedora and Alpine put it (the loader's own search path, by file name).
-_LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
-                 "/lib/x86_64-linux-gnu", "/lib64", "/lib")
+_LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/lib",
+)
 # glibc's tunables as environment variables: what keep_freed_memory() in the worker sets with
 # mallopt, for a process whose code one cannot change.
 GLIBC_SETTINGS: Dict[str, str] = {
-    "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": "1073741824",
+}
 
 
 @dataclass(frozen=True)

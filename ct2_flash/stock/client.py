@@ -87,8 +87,9 @@ class RemoteEncoding:
             (``Engines.local``), else None.
     """
 
-    def __init__(self, engine: "StockEngine", handle: int, generation: int, shape: Sequence[int],
-                 features: np.ndarray) -> None:
+    def __init__(
+        self, engine: "StockEngine", handle: int, generation: int, shape: Sequence[int], features: np.ndarray
+    ) -> None:
         self.handle, self.generation, self.shape, self.features = handle, generation, tuple(shape), features
         self.copy = None
         # The worker may drop it once nothing here refers to it (told with the next request).
@@ -205,17 +206,31 @@ class StockEngine:
         allocator: what the worker runs, from its load answer ("tcmalloc", "glibc"), None before.
     """
 
-    def __init__(self, model_path: str, compute_type: str, intra_threads: int, inter_threads: int = 1,
-                 seed: Optional[int] = None, directory: str = "", keep_freed_memory: Optional[bool] = None,
-                 allocator: Optional[Allocator] = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        compute_type: str,
+        intra_threads: int,
+        inter_threads: int = 1,
+        seed: Optional[int] = None,
+        directory: str = "",
+        keep_freed_memory: Optional[bool] = None,
+        allocator: Optional[Allocator] = None,
+    ) -> None:
         if keep_freed_memory is None:
             keep_freed_memory = os.environ.get("CT2_FLASH_WORKER_KEEPS_MEMORY", "1") != "0"
         if allocator is None:
             allocator = worker_allocator(bool(keep_freed_memory))
         self._allocator = allocator
-        self._load = {"op": "load", "model": os.path.abspath(model_path), "compute_type": compute_type,
-                      "intra_threads": intra_threads, "inter_threads": inter_threads, "seed": seed,
-                      "keep_freed_memory": bool(keep_freed_memory)}
+        self._load = {
+            "op": "load",
+            "model": os.path.abspath(model_path),
+            "compute_type": compute_type,
+            "intra_threads": intra_threads,
+            "inter_threads": inter_threads,
+            "seed": seed,
+            "keep_freed_memory": bool(keep_freed_memory),
+        }
         self.directory = directory or stock_dir()
         self.disabled: Optional[str] = None  # why the engine is not used any more
         self.restarts = 0
@@ -272,16 +287,25 @@ class StockEngine:
         languages = self._ask({"op": "detect_language"}, encoding)[0]["languages"]
         return [[(token, probability) for token, probability in row] for row in languages]
 
-    def align(self, encoding: RemoteEncoding, start_sequence, text_tokens, num_frames,
-              median_filter_width: int = 7) -> List[AlignmentResult]:
+    def align(
+        self, encoding: RemoteEncoding, start_sequence, text_tokens, num_frames, median_filter_width: int = 7
+    ) -> List[AlignmentResult]:
         """``Whisper.align`` there."""
         frames = [int(n) for n in num_frames] if isinstance(num_frames, (list, tuple)) else int(num_frames)
-        answer, _ = self._ask({
-            "op": "align", "start_sequence": [int(t) for t in start_sequence],
-            "text_tokens": [[int(t) for t in row] for row in text_tokens], "num_frames": frames,
-            "median_filter_width": int(median_filter_width)}, encoding)
-        return [AlignmentResult([tuple(pair) for pair in r["alignments"]], r["text_token_probs"])
-                for r in answer["alignments"]]
+        answer, _ = self._ask(
+            {
+                "op": "align",
+                "start_sequence": [int(t) for t in start_sequence],
+                "text_tokens": [[int(t) for t in row] for row in text_tokens],
+                "num_frames": frames,
+                "median_filter_width": int(median_filter_width),
+            },
+            encoding,
+        )
+        return [
+            AlignmentResult([tuple(pair) for pair in r["alignments"]], r["text_token_probs"])
+            for r in answer["alignments"]
+        ]
 
     def release(self, handle: int, generation: int) -> None:
         """An encoding is gone on this side: the worker may drop it (told with the next request)."""
@@ -378,12 +402,13 @@ class StockEngine:
         if self._mapped_by.get(name, self.generation) == self.generation:
             return
         block = self._create(lease.block.size)
-        block.buf[:] = lease.block.buf[:block.size]
+        block.buf[:] = lease.block.buf[: block.size]
         self._drop(name)
         lease.block = block
 
-    def _ask(self, request: dict, encoding: Optional[RemoteEncoding] = None,
-             lease: Optional[_Lease] = None) -> Tuple[dict, int]:
+    def _ask(
+        self, request: dict, encoding: Optional[RemoteEncoding] = None, lease: Optional[_Lease] = None
+    ) -> Tuple[dict, int]:
         """Send one request (about ``encoding``, if given; with the block ``lease`` holds, if
         given) and wait for its answer; with it, the generation of the worker that answered."""
         with self._lock:
@@ -469,8 +494,10 @@ class StockEngine:
                 self.restarts += 1
                 self._died = False
             if not installed(self.directory):
-                self._disable(f"stock ctranslate2 is not installed in {self.directory} (bash scripts/install.sh, or "
-                              "python -m ct2_flash.stock)")
+                self._disable(
+                    f"stock ctranslate2 is not installed in {self.directory} (bash scripts/install.sh, or "
+                    "python -m ct2_flash.stock)"
+                )
         try:
             if not loading:
                 self._spawn()
@@ -486,16 +513,22 @@ class StockEngine:
         self.keeps_freed_memory = bool(answer.get("keep_freed_memory"))
         self.allocator = answer.get("allocator", "glibc")
         if self._allocator.library and self.allocator != "tcmalloc":
-            logger.info("ct2-flash: the stock engine's worker runs glibc's allocator: the loader refused %s",
-                        self._allocator.library)
+            logger.info(
+                "ct2-flash: the stock engine's worker runs glibc's allocator: the loader refused %s",
+                self._allocator.library,
+            )
 
     def _spawn(self) -> None:
         """A new worker process, asked to load the model (its answer is read by ``_ensure_started``)."""
         self.generation += 1
         self.version = None
-        self._process = subprocess.Popen([sys.executable, WORKER, self.directory], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=None,
-                                         env=self._allocator.environment(os.environ))
+        self._process = subprocess.Popen(
+            [sys.executable, WORKER, self.directory],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            env=self._allocator.environment(os.environ),
+        )
         self._channel = _Channel(self._process)
         self._loading = self._channel.send(self._load)
 

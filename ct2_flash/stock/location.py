@@ -36,7 +36,8 @@ def installed(directory: str = "") -> bool:
     """Whether ``directory`` (default ``stock_dir()``) holds the pinned stock release."""
     directory = directory or stock_dir()
     return os.path.isdir(os.path.join(directory, "ctranslate2")) and os.path.isdir(
-        os.path.join(directory, f"ctranslate2-{STOCK_CTRANSLATE2}.dist-info"))
+        os.path.join(directory, f"ctranslate2-{STOCK_CTRANSLATE2}.dist-info")
+    )
 
 
 def install(directory: str = "") -> str:
@@ -49,10 +50,24 @@ def install(directory: str = "") -> str:
     directory = directory or stock_dir()
     if installed(directory):
         return directory
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
-                             "--target", directory, f"ctranslate2=={STOCK_CTRANSLATE2}"], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--upgrade",
+            "--target",
+            directory,
+            f"ctranslate2=={STOCK_CTRANSLATE2}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0 or not installed(directory):
-        raise RuntimeError(f"could not install stock ctranslate2=={STOCK_CTRANSLATE2} into {directory}:\n"
-                           f"{result.stderr.strip()}")
+        raise RuntimeError(
+            f"could not install stock ctranslate2=={STOCK_CTRANSLATE2} into {directory}:\n{result.stderr.strip()}"
+        )
     return directory
-

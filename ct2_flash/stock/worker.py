@@ -81,7 +81,7 @@ def keep_freed_memory() -> bool:
 
 
 def allocator() -> str:
-    """"tcmalloc" if the client's preload took (the library is mapped here), else "glibc": the
+    """ "tcmalloc" if the client's preload took (the library is mapped here), else "glibc": the
     check of ``allocator.loaded_allocator``, here because this process imports nothing from ct2_flash."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as stream:
@@ -110,8 +110,10 @@ def serve(stdin, stdout) -> None:
         if request["op"] == "load" or not threads:  # before the model: answered at once (with its error)
             state.run(request, encoding)
             if state.model is not None and not threads:
-                threads = [threading.Thread(target=_serve_requests, args=(state, waiting), daemon=True)
-                           for _ in range(max(1, int(request["inter_threads"])))]
+                threads = [
+                    threading.Thread(target=_serve_requests, args=(state, waiting), daemon=True)
+                    for _ in range(max(1, int(request["inter_threads"])))
+                ]
                 for thread in threads:
                     thread.start()
         else:
@@ -138,8 +140,13 @@ class _Float32Array:
     sooner (``protocol``'s docstring)."""
 
     def __init__(self, address: int, shape) -> None:
-        self.__array_interface__ = {"shape": tuple(int(n) for n in shape), "typestr": _FLOAT32,
-                                    "data": (address, False), "strides": None, "version": 3}
+        self.__array_interface__ = {
+            "shape": tuple(int(n) for n in shape),
+            "typestr": _FLOAT32,
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 class _State:
@@ -182,8 +189,11 @@ class _State:
                 # No view of a block outlives the call that uses it (none is alive when the answer
                 # goes): the client may drop the block then, and its address read after the
                 # unmap would crash this process.
-                output = self.model.encode(self.ctranslate2.StorageView.from_array(
-                    _Float32Array(self.address(request["block"], request["shape"]), request["shape"])))
+                output = self.model.encode(
+                    self.ctranslate2.StorageView.from_array(
+                        _Float32Array(self.address(request["block"], request["shape"]), request["shape"])
+                    )
+                )
                 with self.lock:
                     self.next_handle += 1
                     self.outputs[self.next_handle] = output
@@ -196,20 +206,42 @@ class _State:
                 source = encoding.__array_interface__
                 if source["typestr"] != _FLOAT32:
                     raise TypeError(f"the encoder output is {source['typestr']}, not float32")
-                ctypes.memmove(self.address(request["block"], source["shape"]), source["data"][0],
-                               4 * math.prod(source["shape"]))
+                ctypes.memmove(
+                    self.address(request["block"], source["shape"]), source["data"][0], 4 * math.prod(source["shape"])
+                )
                 answer = {"shape": list(source["shape"])}
             elif op == "generate":
                 results = self.model.generate(encoding, request["prompts"], **request["options"])
-                answer = {"results": [{"sequences": r.sequences, "sequences_ids": r.sequences_ids, "scores": r.scores,
-                                       "no_speech_prob": r.no_speech_prob} for r in results]}
+                answer = {
+                    "results": [
+                        {
+                            "sequences": r.sequences,
+                            "sequences_ids": r.sequences_ids,
+                            "scores": r.scores,
+                            "no_speech_prob": r.no_speech_prob,
+                        }
+                        for r in results
+                    ]
+                }
             elif op == "detect_language":
                 answer = {"languages": self.model.detect_language(encoding)}
             elif op == "align":
-                results = self.model.align(encoding, request["start_sequence"], request["text_tokens"],
-                                           request["num_frames"], median_filter_width=request["median_filter_width"])
-                answer = {"alignments": [{"alignments": [list(pair) for pair in r.alignments],
-                                          "text_token_probs": list(r.text_token_probs)} for r in results]}
+                results = self.model.align(
+                    encoding,
+                    request["start_sequence"],
+                    request["text_tokens"],
+                    request["num_frames"],
+                    median_filter_width=request["median_filter_width"],
+                )
+                answer = {
+                    "alignments": [
+                        {
+                            "alignments": [list(pair) for pair in r.alignments],
+                            "text_token_probs": list(r.text_token_probs),
+                        }
+                        for r in results
+                    ]
+                }
             else:
                 answer = {"error": f"unknown request {op!r}"}
         except Exception as error:  # the engine's errors go back to the caller, who decides
@@ -228,13 +260,22 @@ class _State:
         keep = bool(request.get("keep_freed_memory")) and one_arena()
         if request.get("seed") is not None:
             ctranslate2.set_random_seed(request["seed"])
-        self.model = ctranslate2.models.Whisper(request["model"], device="cpu", compute_type=request["compute_type"],
-                                                intra_threads=request["intra_threads"],
-                                                inter_threads=request["inter_threads"])
+        self.model = ctranslate2.models.Whisper(
+            request["model"],
+            device="cpu",
+            compute_type=request["compute_type"],
+            intra_threads=request["intra_threads"],
+            inter_threads=request["inter_threads"],
+        )
         # After loading: what the conversion to the compute type freed has gone back.
         kept = keep and keep_freed_memory()
-        return {"ready": True, "version": ctranslate2.__version__, "compute_type": self.model.compute_type,
-                "keep_freed_memory": kept, "allocator": allocator()}
+        return {
+            "ready": True,
+            "version": ctranslate2.__version__,
+            "compute_type": self.model.compute_type,
+            "keep_freed_memory": kept,
+            "allocator": allocator(),
+        }
 
 
 if __name__ == "__main__":

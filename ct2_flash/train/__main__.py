@@ -10,7 +10,9 @@ from ct2_flash.drafting.base import AUDIO_WINDOW
 
 
 def default_data_dir() -> str:
-    return os.environ.get("CT2_FLASH_DATA", os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "drafter_data"))
+    return os.environ.get(
+        "CT2_FLASH_DATA", os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "drafter_data")
+    )
 
 
 def main() -> None:
@@ -34,31 +36,54 @@ def main() -> None:
     fit.add_argument("--validation-windows", type=int, default=48)
     fit.add_argument("--threads", type=int, default=2)
     fit.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
-    fit.add_argument("--kl-weight", type=float, default=0.5,
-                     help="weight of distilling the target's top-16 distribution (0: greedy tokens only)")
-    fit.add_argument("--anchor-weight", type=float, default=0.1,
-                     help="weight of the AnchorDraft loss on where the drafter reads the audio (0: none)")
-    fit.add_argument("--audio-window", type=int, nargs=2, default=list(AUDIO_WINDOW), metavar=("BEFORE", "AFTER"),
-                     help="encoder frames each block reads around the target's position, as the runtime "
-                          "drafter does (default: %(default)s)")
+    fit.add_argument(
+        "--kl-weight",
+        type=float,
+        default=0.5,
+        help="weight of distilling the target's top-16 distribution (0: greedy tokens only)",
+    )
+    fit.add_argument(
+        "--anchor-weight",
+        type=float,
+        default=0.1,
+        help="weight of the AnchorDraft loss on where the drafter reads the audio (0: none)",
+    )
+    fit.add_argument(
+        "--audio-window",
+        type=int,
+        nargs=2,
+        default=list(AUDIO_WINDOW),
+        metavar=("BEFORE", "AFTER"),
+        help="encoder frames each block reads around the target's position, as the runtime "
+        "drafter does (default: %(default)s)",
+    )
     fit.add_argument("--all-audio", action="store_true", help="every block reads all of the audio (no window)")
     fit.add_argument("--init", default=None, help="start from this drafter checkpoint (keeps its shortlist)")
-    fit.add_argument("--grow", action="store_true",
-                     help="on resume, also train on utterances extracted since the run started")
-    fit.add_argument("--real-speech", nargs="+", default=[], metavar="SET",
-                     help="also validate on real recordings and choose the best checkpoint by them: speech set "
-                          "names of `ct2-flash bench` (mfa, pocketsphinx; fetched once) or audio<TAB>text manifests")
+    fit.add_argument(
+        "--grow", action="store_true", help="on resume, also train on utterances extracted since the run started"
+    )
+    fit.add_argument(
+        "--real-speech",
+        nargs="+",
+        default=[],
+        metavar="SET",
+        help="also validate on real recordings and choose the best checkpoint by them: speech set "
+        "names of `ct2-flash bench` (mfa, pocketsphinx; fetched once) or audio<TAB>text manifests",
+    )
     fit.add_argument("--no-audio", action="store_true", help="ablation: no cross-attention to the audio")
     fit.add_argument("--no-history", action="store_true", help="ablation: no target decoder states")
     export = steps.add_parser("export-validation", help="held-out validation audio as a bench manifest")
     export.add_argument("--out", required=True)
     export.add_argument("--skip", type=int, default=48, help="validation utterances used for checkpoint selection")
     export.add_argument("--count", type=int, default=40)
-    ship = steps.add_parser("ship", help="convert a run's best checkpoint (float16 + ONNX graphs) into the package, with its report")
+    ship = steps.add_parser(
+        "ship", help="convert a run's best checkpoint (float16 + ONNX graphs) into the package, with its report"
+    )
     ship.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
     ship.add_argument("--model", default="tiny.en")
-    snap = steps.add_parser("snapshot", help="a run's latest saved weights as a converted drafter (for measurements "
-                                             "between validations)")
+    snap = steps.add_parser(
+        "snapshot", help="a run's latest saved weights as a converted drafter (for measurements between validations)"
+    )
     snap.add_argument("--run", default=None, help="run directory (default: DATA/runs/main)")
     snap.add_argument("--out", required=True, help="where to write the drafter")
     snap.add_argument("--model", default="tiny.en")
@@ -86,17 +111,32 @@ def main() -> None:
         from ct2_flash.benchmark.speech_sets import SETS, fetch
         from ct2_flash.train.fit import FitConfig, fit
 
-        config = FitConfig(steps=args.steps, batch_size=args.batch_size, validate_every=args.validate_every,
-                           learning_rate=args.lr, warmup_steps=min(150, args.steps // 10),
-                           validation_windows=args.validation_windows, kl_weight=args.kl_weight,
-                           anchor_weight=args.anchor_weight,
-                           audio_window=None if args.all_audio else tuple(args.audio_window))
+        config = FitConfig(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            validate_every=args.validate_every,
+            learning_rate=args.lr,
+            warmup_steps=min(150, args.steps // 10),
+            validation_windows=args.validation_windows,
+            kl_weight=args.kl_weight,
+            anchor_weight=args.anchor_weight,
+            audio_window=None if args.all_audio else tuple(args.audio_window),
+        )
         out = args.out or os.path.join(args.data, "runs", "main")
         real_speech = [fetch(name) if name in SETS else name for name in args.real_speech]
         with step_lock(out, "fit"):
-            meta = fit(args.data, out, config, shortlist_size=args.shortlist, threads=args.threads,
-                       use_audio=not args.no_audio, use_history=not args.no_history, init_from=args.init,
-                       grow=args.grow, real_speech=real_speech)
+            meta = fit(
+                args.data,
+                out,
+                config,
+                shortlist_size=args.shortlist,
+                threads=args.threads,
+                use_audio=not args.no_audio,
+                use_history=not args.no_history,
+                init_from=args.init,
+                grow=args.grow,
+                real_speech=real_speech,
+            )
         logging.info("step %d, best mean accepted length %.3f, run in %s", meta["step"], meta["best"], out)
     elif args.step == "export-validation":
         from ct2_flash.train.export import export_validation

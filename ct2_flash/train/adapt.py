@@ -112,8 +112,14 @@ def work_dir_for(out: str) -> str:
     return os.path.abspath(out).rstrip(os.sep) + ".adapt"
 
 
-def adapt(paths: Sequence[str], out: str, options: AdaptOptions = AdaptOptions(), resume: bool = False,
-          force: bool = False, progress: bool = True) -> dict:
+def adapt(
+    paths: Sequence[str],
+    out: str,
+    options: AdaptOptions = AdaptOptions(),
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> dict:
     """Adapt a drafter to the recordings under ``paths`` and write it to ``out``; returns the report.
 
     Raises:
@@ -138,24 +144,41 @@ def adapt(paths: Sequence[str], out: str, options: AdaptOptions = AdaptOptions()
     options = AdaptOptions(**plan["options"])  # a resumed run goes on with the options it started with
 
     # 1. audio
-    sources = _timed(plan, work, "audio", lambda: user_audio.prepare(work, plan["files"], progress,
-                                                                                 options.speed_copies))
+    sources = _timed(
+        plan, work, "audio", lambda: user_audio.prepare(work, plan["files"], progress, options.speed_copies)
+    )
     data = user_audio.summarize(sources + [user_audio.Source(**s) for s in plan["empty_folders"]])
     for split, side in (("train", "training"), ("validation", "held-out")):
         if not user_audio.usable(sources, split):
-            raise AdaptError(f"no usable {side} audio is left ({len(data['skipped'])} skipped: see the log); "
-                             f"add recordings with speech")
-    logger.info("ct2-flash adapt: %.1f min of training audio in %d files, %.1f min held out in %d files",
-                data["train"]["minutes"], data["train"]["files"], data["validation"]["minutes"],
-                data["validation"]["files"])
+            raise AdaptError(
+                f"no usable {side} audio is left ({len(data['skipped'])} skipped: see the log); "
+                f"add recordings with speech"
+            )
+    logger.info(
+        "ct2-flash adapt: %.1f min of training audio in %d files, %.1f min held out in %d files",
+        data["train"]["minutes"],
+        data["train"]["files"],
+        data["validation"]["minutes"],
+        data["validation"]["files"],
+    )
 
     # 2. teacher
     from ct2_flash.train.extract import extract
     from ct2_flash.train.step_lock import step_lock
 
     with step_lock(work, "extract"):
-        _timed(plan, work, "teacher", lambda: extract(work, model_name=model_path, compute_type=options.compute_type,
-                                                        threads=options.threads, progress=progress))
+        _timed(
+            plan,
+            work,
+            "teacher",
+            lambda: extract(
+                work,
+                model_name=model_path,
+                compute_type=options.compute_type,
+                threads=options.threads,
+                progress=progress,
+            ),
+        )
 
     # 3. fit
     from ct2_flash.train.fit import FitConfig, fit, teacher_ids
@@ -165,27 +188,53 @@ def adapt(paths: Sequence[str], out: str, options: AdaptOptions = AdaptOptions()
     held_out = len(teacher_ids(work, "validation"))
     if not held_out or not teacher_ids(work, "train"):
         raise AdaptError("the target produced no tokens on the training or the held-out recordings (silence or noise?)")
-    config = FitConfig(steps=steps, batch_size=8, learning_rate=options.learning_rate,
-                       warmup_steps=max(1, min(50, steps // 10)), validate_every=max(10, steps // 8), save_every=SAVE_EVERY,
-                       validation_windows=min(held_out, MAX_VALIDATION_WINDOWS), trained=options.trained, bf16=options.bf16,
-                       audio_window=None if not options.audio_window else FitConfig().audio_window)
+    config = FitConfig(
+        steps=steps,
+        batch_size=8,
+        learning_rate=options.learning_rate,
+        warmup_steps=max(1, min(50, steps // 10)),
+        validate_every=max(10, steps // 8),
+        save_every=SAVE_EVERY,
+        validation_windows=min(held_out, MAX_VALIDATION_WINDOWS),
+        trained=options.trained,
+        bf16=options.bf16,
+        audio_window=None if not options.audio_window else FitConfig().audio_window,
+    )
     start = options.start or _shipped(options.model)
     run = os.path.join(work, "run")
     # Room at the end for the held-out decodes and the export: a tenth of the budget, 3 min at least.
     reserve = max(180.0, 6.0 * options.minutes)
     with step_lock(work, "fit"):
-        meta = _timed(plan, work, "training", lambda: fit(
-            work, run, config, model_name=model_path, threads=options.threads, progress=progress, init_from=start,
-            compute_type=options.compute_type, deadline=deadline - reserve))
+        meta = _timed(
+            plan,
+            work,
+            "training",
+            lambda: fit(
+                work,
+                run,
+                config,
+                model_name=model_path,
+                threads=options.threads,
+                progress=progress,
+                init_from=start,
+                compute_type=options.compute_type,
+                deadline=deadline - reserve,
+            ),
+        )
 
     # 4. export (into the work directory: <out> appears only when everything is there)
     export = os.path.join(work, "export")
-    _timed(plan, work, "export", lambda: _export(run, export, model_path, meta, options, start,
-                                                 data["train"]["minutes"]))
+    _timed(
+        plan, work, "export", lambda: _export(run, export, model_path, meta, options, start, data["train"]["minutes"])
+    )
     # 5. held out, as the defaults run the exported drafter
     held_files = [s.path for s in sources if s.split == "validation" and not s.skipped]
-    decodes = _timed(plan, work, "held_out", lambda: held_out_decodes(
-        held_files, {"start": start, "adapted": export}, model_path, options))
+    decodes = _timed(
+        plan,
+        work,
+        "held_out",
+        lambda: held_out_decodes(held_files, {"start": start, "adapted": export}, model_path, options),
+    )
     report = _report(plan, options, data, meta, decodes, start)
     _write_report(export, report, meta)
     if force:
@@ -206,8 +255,9 @@ def _check_destination(out: str, work: str, resume: bool, force: bool) -> None:
     if os.path.exists(out) and not force:
         raise FileExistsError(f"{out} exists; choose another --out or pass --force to replace it")
     if os.path.exists(work) and not (resume or force):
-        raise FileExistsError(f"{work} holds a previous adaptation's work: --resume goes on with it, "
-                              f"--force starts over")
+        raise FileExistsError(
+            f"{work} holds a previous adaptation's work: --resume goes on with it, --force starts over"
+        )
     if force and not resume:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -219,8 +269,10 @@ def _require_training_extras() -> None:
         import safetensors  # noqa: F401
         import torch  # noqa: F401
     except ImportError as error:
-        raise AdaptError(f"ct2-flash adapt trains and exports a drafter, which needs PyTorch, safetensors, onnx and "
-                         f"matplotlib ({error}): pip install 'ct2-flash[train]'") from None
+        raise AdaptError(
+            f"ct2-flash adapt trains and exports a drafter, which needs PyTorch, safetensors, onnx and "
+            f"matplotlib ({error}): pip install 'ct2-flash[train]'"
+        ) from None
 
 
 def _shipped(model: str) -> str:
@@ -244,8 +296,10 @@ def _plan(paths: Sequence[str], work: str, options: AdaptOptions, resume: bool) 
             plan = json.load(stream)
         files, _ = user_audio.find_audio(paths) if paths else (list(plan["files"]), [])
         if sorted(files) != sorted(plan["files"]):
-            raise AdaptError(f"{work} was started on other audio ({len(plan['files'])} files, now {len(files)}): "
-                             f"pass the same files with --resume, or --force to start over")
+            raise AdaptError(
+                f"{work} was started on other audio ({len(plan['files'])} files, now {len(files)}): "
+                f"pass the same files with --resume, or --force to start over"
+            )
         changed = {k: v for k, v in asdict(options).items() if plan["options"].get(k) != v and k != "minutes"}
         if changed:
             logger.warning("ct2-flash adapt: resuming with the options the run started with; ignored: %s", changed)
@@ -254,8 +308,12 @@ def _plan(paths: Sequence[str], work: str, options: AdaptOptions, resume: bool) 
     files, empty = user_audio.find_audio(paths)
     if not files:
         raise AdaptError(f"no audio files under {', '.join(paths)}")
-    plan = {"files": user_audio.split_by_file(files, options.holdout), "options": asdict(options),
-            "empty_folders": [asdict(s) for s in empty], "seconds": {}}
+    plan = {
+        "files": user_audio.split_by_file(files, options.holdout),
+        "options": asdict(options),
+        "empty_folders": [asdict(s) for s in empty],
+        "seconds": {},
+    }
     os.makedirs(work, exist_ok=True)
     _save_plan(work, plan)
     return plan
@@ -277,8 +335,9 @@ def _timed(plan: dict, work: str, stage: str, step):
     return result
 
 
-def held_out_decodes(files: Sequence[str], drafters: Dict[str, str], model_path: str,
-                     options: AdaptOptions) -> Dict[str, dict]:
+def held_out_decodes(
+    files: Sequence[str], drafters: Dict[str, str], model_path: str, options: AdaptOptions
+) -> Dict[str, dict]:
     """Each drafter decodes the held-out recordings as the defaults run them (VAD on for
     recordings over 30 s): calls each way and tokens per target call from ``spec_stats``, and
     whether the tokens are the same for every drafter on the recordings every drafter decoded
@@ -288,8 +347,9 @@ def held_out_decodes(files: Sequence[str], drafters: Dict[str, str], model_path:
 
     results, texts = {}, {}
     for name, drafter in drafters.items():
-        model = FlashWhisperModel(model_path, compute_type=options.compute_type, cpu_threads=options.threads,
-                                  drafter=drafter, redecodes=False)
+        model = FlashWhisperModel(
+            model_path, compute_type=options.compute_type, cpu_threads=options.threads, drafter=drafter, redecodes=False
+        )
         texts[name] = []
         for path in files:
             long = _seconds(path) > user_audio.WINDOW_SECONDS
@@ -297,10 +357,13 @@ def held_out_decodes(files: Sequence[str], drafters: Dict[str, str], model_path:
             texts[name].append([(s.tokens, s.temperature) for s in segments])
         stats = model.spec_stats
         first = stats.proposed_by_position[0] if stats.proposed_by_position else 0
-        results[name] = {"tokens_per_call": round(stats.tokens_per_call, 3),
-                         "loop_rows": stats.generate_calls, "generate_rows": stats.generate_rows + stats.fallback_calls,
-                         "acceptance": round(stats.acceptance_rate, 4),
-                         "first_position_acceptance": round(stats.accepted_by_position[0] / first, 4) if first else None}
+        results[name] = {
+            "tokens_per_call": round(stats.tokens_per_call, 3),
+            "loop_rows": stats.generate_calls,
+            "generate_rows": stats.generate_rows + stats.fallback_calls,
+            "acceptance": round(stats.acceptance_rate, 4),
+            "first_position_acceptance": round(stats.accepted_by_position[0] / first, 4) if first else None,
+        }
         del model
     first = next(iter(texts.values()))
     greedy = [i for i in range(len(files)) if all(t == 0 for name in texts for _, t in texts[name][i])]
@@ -321,28 +384,38 @@ def _report(plan: dict, options: AdaptOptions, data: dict, meta: dict, decodes: 
     best = max(validations, key=lambda v: v["mean_accepted_length"])
     keys = ("tokens_per_call", "first_position_acceptance", "mean_accepted_length", "acceptance_rate")
     return {
-        "model": options.model, "compute_type": meta["compute_type"], "start": start,
-        "options": asdict(options), "data": data,
-        "training": {"steps": meta["step"], "planned_steps": meta["fit_config"]["steps"],
-                     "stopped_at": meta.get("stopped_at"), "best_step": best["step"],
-                     "updates_per_second": round(meta["step"] / max(1.0, meta["seconds"]), 2)},
+        "model": options.model,
+        "compute_type": meta["compute_type"],
+        "start": start,
+        "options": asdict(options),
+        "data": data,
+        "training": {
+            "steps": meta["step"],
+            "planned_steps": meta["fit_config"]["steps"],
+            "stopped_at": meta.get("stopped_at"),
+            "best_step": best["step"],
+            "updates_per_second": round(meta["step"] / max(1.0, meta["seconds"]), 2),
+        },
         "held_out": {
-            "every_round": {"start": {k: round(initial[k], 4) for k in keys},
-                            "adapted": {k: round(best[k], 4) for k in keys},
-                            "windows": meta["validation_utterances"]},
+            "every_round": {
+                "start": {k: round(initial[k], 4) for k in keys},
+                "adapted": {k: round(best[k], 4) for k in keys},
+                "windows": meta["validation_utterances"],
+            },
             "defaults": decodes,
         },
         "curve": [{"step": v["step"], **{k: round(v[k], 4) for k in keys}} for v in validations],
         # Over every stage's time, summed across resumed runs.
-        "audio_minutes_per_minute": round((data["train"]["minutes"] + data["validation"]["minutes"])
-                                          / (max(1.0, sum(plan["seconds"].values())) / 60), 2),
+        "audio_minutes_per_minute": round(
+            (data["train"]["minutes"] + data["validation"]["minutes"]) / (max(1.0, sum(plan["seconds"].values())) / 60),
+            2,
+        ),
         "seconds": dict(plan["seconds"]),
         "machine": machine(),
     }
 
 
-def _export(run: str, out: str, model_path: str, meta: dict, options: AdaptOptions, start: str,
-            minutes: float) -> None:
+def _export(run: str, out: str, model_path: str, meta: dict, options: AdaptOptions, start: str, minutes: float) -> None:
     from ct2_flash.converters import convert_drafter
     from ct2_flash.drafting.files import write_adapted
 
@@ -366,9 +439,15 @@ def _write_report(out: str, report: dict, meta: dict) -> None:
         left.plot([min(len(losses), i + width) for i in range(0, len(losses), width)], smooth)
     left.set(xlabel="update", ylabel="loss", title="training loss (training recordings)")
     steps = [point["step"] for point in report["curve"]]
-    right.plot(steps, [point["tokens_per_call"] for point in report["curve"]], marker="o", label="tokens per target call")
-    right.plot(steps, [point["first_position_acceptance"] * 4 for point in report["curve"]], marker="s",
-               label="first-position acceptance x4")
+    right.plot(
+        steps, [point["tokens_per_call"] for point in report["curve"]], marker="o", label="tokens per target call"
+    )
+    right.plot(
+        steps,
+        [point["first_position_acceptance"] * 4 for point in report["curve"]],
+        marker="s",
+        label="first-position acceptance x4",
+    )
     right.axvline(report["training"]["best_step"], color="grey", linestyle=":", label="kept")
     right.set(xlabel="update", title="held-out recordings, every round drafting")
     right.legend(fontsize=7)
@@ -395,10 +474,13 @@ def summary_lines(report: dict) -> List[str]:
         f"{defaults['adapted']['loop_rows']}, through generate() {defaults['start']['generate_rows']} -> "
         f"{defaults['adapted']['generate_rows']}; same tokens on {defaults['identical']}/{defaults['greedy_files']} files "
         f"decoded greedily ({defaults['files'] - defaults['greedy_files']} fell back to sampling)",
-        "time: " + ", ".join(f"{stage} {value / 60:.1f} min" for stage, value in seconds.items())
+        "time: "
+        + ", ".join(f"{stage} {value / 60:.1f} min" for stage, value in seconds.items())
         + f" ({report['audio_minutes_per_minute']:.2f} min of audio per minute)",
     ]
     if report["training"]["stopped_at"] is not None:
-        lines.append(f"training stopped at update {report['training']['stopped_at']} of "
-                     f"{report['training']['planned_steps']} to stay within --minutes")
+        lines.append(
+            f"training stopped at update {report['training']['stopped_at']} of "
+            f"{report['training']['planned_steps']} to stay within --minutes"
+        )
     return lines

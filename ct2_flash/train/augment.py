@@ -33,8 +33,9 @@ CHANNELS = {
 }
 
 
-def augment(samples: np.ndarray, rng: np.random.Generator,
-            babble_source: Optional[Callable[[], np.ndarray]] = None) -> Tuple[np.ndarray, Dict[str, object]]:
+def augment(
+    samples: np.ndarray, rng: np.random.Generator, babble_source: Optional[Callable[[], np.ndarray]] = None
+) -> Tuple[np.ndarray, Dict[str, object]]:
     """One random augmentation chain.
 
     Args:
@@ -74,7 +75,9 @@ def augment(samples: np.ndarray, rng: np.random.Generator,
     info["peak_dbfs"] = round(peak_db, 1)
     if rng.random() < 0.2:
         depth_db = float(rng.uniform(3, 10))
-        ride = 10 ** (depth_db / 20 * np.sin(np.linspace(0, rng.uniform(1, 4) * np.pi, audio.size) + rng.uniform(0, 6.3)) / 2)
+        ride = 10 ** (
+            depth_db / 20 * np.sin(np.linspace(0, rng.uniform(1, 4) * np.pi, audio.size) + rng.uniform(0, 6.3)) / 2
+        )
         audio = np.clip(audio * ride, -1, 1)
         info["gain_ride_db"] = round(depth_db, 1)
     return np.clip(audio * 32768.0, -32768, 32767).astype(np.int16), info

@@ -26,16 +26,64 @@ FORTUNE_DIR = "/usr/share/games/fortunes"
 _SKIP_FILES = {"art", "ascii-art", "perl", "linux", "linuxcookie", "debian", "translate-me", "zippy"}
 
 NAMES = [
-    "Alice", "Mohammed", "Priya", "Jonathan", "Mei", "Carlos", "Fatima", "Oliver", "Sofia", "Kwame",
-    "Hannah", "Dmitri", "Aisha", "Lucas", "Ingrid", "Rahul", "Chloe", "Tomasz", "Yuki", "Gabriel",
-    "Doctor Patel", "Professor Okafor", "Mrs. Henderson", "Captain Reyes", "Judge Whitaker",
+    "Alice",
+    "Mohammed",
+    "Priya",
+    "Jonathan",
+    "Mei",
+    "Carlos",
+    "Fatima",
+    "Oliver",
+    "Sofia",
+    "Kwame",
+    "Hannah",
+    "Dmitri",
+    "Aisha",
+    "Lucas",
+    "Ingrid",
+    "Rahul",
+    "Chloe",
+    "Tomasz",
+    "Yuki",
+    "Gabriel",
+    "Doctor Patel",
+    "Professor Okafor",
+    "Mrs. Henderson",
+    "Captain Reyes",
+    "Judge Whitaker",
 ]
 PLACES = [
-    "Boston", "Nairobi", "Lisbon", "Toronto", "Singapore", "Manchester", "Denver", "Melbourne",
-    "Cape Town", "Dublin", "Seattle", "Mumbai", "Edinburgh", "Buenos Aires", "Oslo", "Phoenix",
+    "Boston",
+    "Nairobi",
+    "Lisbon",
+    "Toronto",
+    "Singapore",
+    "Manchester",
+    "Denver",
+    "Melbourne",
+    "Cape Town",
+    "Dublin",
+    "Seattle",
+    "Mumbai",
+    "Edinburgh",
+    "Buenos Aires",
+    "Oslo",
+    "Phoenix",
 ]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-          "September", "October", "November", "December"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 TEMPLATES = [
     "{name} arrived in {place} on {month} {day}, {year}, with {count} suitcases.",
     "The meeting with {name} moved to {hour}:{minute:02d} on {weekday}.",
@@ -71,8 +119,20 @@ def _is_prose(text: str) -> bool:
     return letters / len(text) > 0.93 and not re.search(r"[{}<>|\\_=#@*~^]", text)
 
 
-STREETS = ["Maple Street", "Oak Avenue", "Harbour Road", "Kingsway", "Elm Drive", "Station Road",
-           "Church Lane", "Sunset Boulevard", "Park Place", "Mill Road", "Highland Avenue", "Bridge Street"]
+STREETS = [
+    "Maple Street",
+    "Oak Avenue",
+    "Harbour Road",
+    "Kingsway",
+    "Elm Drive",
+    "Station Road",
+    "Church Lane",
+    "Sunset Boulevard",
+    "Park Place",
+    "Mill Road",
+    "Highland Avenue",
+    "Bridge Street",
+]
 FILLERS = ["um", "uh", "you know", "I mean", "like", "well", "so", "actually", "basically", "sort of", "right"]
 CONVERSATION = [
     "{filler}, I was going to say that {name} already, {filler}, already sent the {thing}.",
@@ -86,8 +146,23 @@ CONVERSATION = [
     "We had, I think it was {count} people, maybe {count2}, at the {thing} last {weekday}.",
     "Honestly? {filler}, I'd rather take the train to {place} than drive.",
 ]
-THINGS = ["report", "package", "invoice", "contract", "presentation", "budget", "prototype", "survey",
-          "application", "proposal", "schedule", "delivery", "update", "recording", "spreadsheet"]
+THINGS = [
+    "report",
+    "package",
+    "invoice",
+    "contract",
+    "presentation",
+    "budget",
+    "prototype",
+    "survey",
+    "application",
+    "proposal",
+    "schedule",
+    "delivery",
+    "update",
+    "recording",
+    "spreadsheet",
+]
 NUMBERS = [
     "Your account number is {account}, and the sort code is {sort_code}.",
     "The total comes to ${amount}.{cents:02d}, including {percent}% tax.",
@@ -111,7 +186,7 @@ INSTRUCTIONS = [
     "To reset your password, open settings, choose security, and follow the steps on the screen.",
 ]
 DIALOGUE = [
-    "\"Where were you on {weekday} night?\" asked {name}. \"At home,\" said {name2}, \"I swear.\"",
+    '"Where were you on {weekday} night?" asked {name}. "At home," said {name2}, "I swear."',
     "Hi, this is {name} calling from {place}. I'm returning your call about the {thing}.",
     "Good morning, everyone, and welcome to the {ordinal} annual meeting in {place}.",
     "Thank you for calling. Your call is important to us. Please hold.",
@@ -119,8 +194,12 @@ DIALOGUE = [
 ]
 COLOURS = ["red", "green", "blue", "orange", "white", "amber"]
 ORDINALS = ["first", "second", "third", "fourth", "fifth"]
-ALL_TEMPLATES = {"numbers": TEMPLATES + NUMBERS, "conversation": CONVERSATION, "instructions": INSTRUCTIONS,
-                 "dialogue": DIALOGUE}
+ALL_TEMPLATES = {
+    "numbers": TEMPLATES + NUMBERS,
+    "conversation": CONVERSATION,
+    "instructions": INSTRUCTIONS,
+    "dialogue": DIALOGUE,
+}
 
 
 def templated(rng: random.Random, kind: str = "numbers") -> str:
@@ -131,20 +210,41 @@ def templated(rng: random.Random, kind: str = "numbers") -> str:
 def fill(template: str, rng: random.Random) -> str:
     """``template`` with every field drawn from ``rng``."""
     return template.format(
-        name=rng.choice(NAMES), name2=rng.choice(NAMES), place=rng.choice(PLACES), month=rng.choice(MONTHS),
-        day=rng.randint(1, 28), year=rng.randint(1950, 2030), count=rng.randint(2, 90), count2=rng.randint(2, 90),
-        hour=rng.randint(1, 12), hour2=rng.randint(1, 12), minute=rng.randint(0, 59), minute2=rng.randint(0, 59),
-        second=rng.randint(0, 59), weekday=rng.choice(WEEKDAYS),
-        amount=f"{rng.randint(1, 999):,}{rng.choice(['', ',000', ',500'])}", cents=rng.randint(0, 99),
-        percent=rng.randint(2, 60), phone=f"{rng.randint(200, 999)} {rng.randint(100, 999)} {rng.randint(1000, 9999)}",
+        name=rng.choice(NAMES),
+        name2=rng.choice(NAMES),
+        place=rng.choice(PLACES),
+        month=rng.choice(MONTHS),
+        day=rng.randint(1, 28),
+        year=rng.randint(1950, 2030),
+        count=rng.randint(2, 90),
+        count2=rng.randint(2, 90),
+        hour=rng.randint(1, 12),
+        hour2=rng.randint(1, 12),
+        minute=rng.randint(0, 59),
+        minute2=rng.randint(0, 59),
+        second=rng.randint(0, 59),
+        weekday=rng.choice(WEEKDAYS),
+        amount=f"{rng.randint(1, 999):,}{rng.choice(['', ',000', ',500'])}",
+        cents=rng.randint(0, 99),
+        percent=rng.randint(2, 60),
+        phone=f"{rng.randint(200, 999)} {rng.randint(100, 999)} {rng.randint(1000, 9999)}",
         flight=f"{rng.choice('ABCDEFGKLU')}{rng.choice('ABCDEFGKLU')} {rng.randint(10, 9999)}",
-        gate=f"{rng.choice('ABCDE')}{rng.randint(1, 40)}", small=rng.randint(2, 40), small2=rng.randint(2, 40),
+        gate=f"{rng.choice('ABCDE')}{rng.randint(1, 40)}",
+        small=rng.randint(2, 40),
+        small2=rng.randint(2, 40),
         account=" ".join(str(rng.randint(1000, 9999)) for _ in range(rng.randint(2, 4))),
         sort_code=f"{rng.randint(10, 99)}-{rng.randint(10, 99)}-{rng.randint(10, 99)}",
-        house=rng.randint(1, 2400), street=rng.choice(STREETS), postcode=f"{rng.randint(10000, 99999)}",
-        letters="".join(rng.choice("ABCDEFGHJKLMNPRSTUVWXYZ") for _ in range(3)), month_number=rng.randint(1, 12),
-        ordinal=rng.choice(ORDINALS), digit=rng.randint(1, 9), extension=rng.randint(100, 9999),
-        thing=rng.choice(THINGS), filler=rng.choice(FILLERS), colour=rng.choice(COLOURS),
+        house=rng.randint(1, 2400),
+        street=rng.choice(STREETS),
+        postcode=f"{rng.randint(10000, 99999)}",
+        letters="".join(rng.choice("ABCDEFGHJKLMNPRSTUVWXYZ") for _ in range(3)),
+        month_number=rng.randint(1, 12),
+        ordinal=rng.choice(ORDINALS),
+        digit=rng.randint(1, 9),
+        extension=rng.randint(100, 9999),
+        thing=rng.choice(THINGS),
+        filler=rng.choice(FILLERS),
+        colour=rng.choice(COLOURS),
         temperature=rng.choice([160, 180, 200, 220, 350, 375, 400]),
     )
 
@@ -181,7 +281,9 @@ def is_validation(text: str, fraction: float = 0.05) -> bool:
     return int.from_bytes(digest[:4], "big") / 2**32 < fraction
 
 
-def passages(seed: int, words_low: int = 25, words_high: int = 75, mix: Optional[Dict[str, float]] = None) -> Iterator[str]:
+def passages(
+    seed: int, words_low: int = 25, words_high: int = 75, mix: Optional[Dict[str, float]] = None
+) -> Iterator[str]:
     """Endless passages of words_low..words_high words, each sentence drawn from a source.
 
     ``mix`` maps a source to its share: "fortunes", "packages", "licenses" (text Debian ships)
@@ -194,7 +296,9 @@ def passages(seed: int, words_low: int = 25, words_high: int = 75, mix: Optional
     for source in mix:
         if source in ALL_TEMPLATES:
             continue
-        pools[source] = list({"fortunes": fortunes, "packages": package_descriptions, "licenses": license_prose}[source]())
+        pools[source] = list(
+            {"fortunes": fortunes, "packages": package_descriptions, "licenses": license_prose}[source]()
+        )
         if not pools[source]:
             if source == "fortunes":
                 raise RuntimeError(f"no fortunes found in {FORTUNE_DIR}: apt-get install fortunes")

@@ -27,14 +27,22 @@ from typing import Dict, List
 import numpy as np
 
 from ct2_flash.drafting.base import PADDING_FRAMES_SEEN, audio_frames
+
+
 def prompt_for(utterance_id: str, special) -> List[int]:
     """Timestamps on or off, chosen by a stable hash of the id."""
     with_timestamps = hashlib.sha1(utterance_id.encode()).digest()[0] % 2 == 0
     return [special.sot] if with_timestamps else [special.sot, special.no_timestamps]
 
 
-def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "float32", threads: int = 2,
-            progress: bool = True, batch_size: int = 8) -> int:
+def extract(
+    data_dir: str,
+    model_name: str = "tiny.en",
+    compute_type: str = "float32",
+    threads: int = 2,
+    progress: bool = True,
+    batch_size: int = 8,
+) -> int:
     """Extract teacher data for every synthesized utterance not done yet; returns the count.
 
     The encoder and the greedy decoding run on ``batch_size`` utterances at once (per prompt
@@ -59,7 +67,10 @@ def extract(data_dir: str, model_name: str = "tiny.en", compute_type: str = "flo
     with open(os.path.join(data_dir, "manifest.jsonl"), encoding="utf-8") as stream:
         entries = [json.loads(line) for line in stream]
     pending = [e for e in entries if e["id"] not in done]
-    with open(done_path, "a", encoding="utf-8") as log, tqdm(total=len(pending), desc="teacher", disable=not progress) as bar:
+    with (
+        open(done_path, "a", encoding="utf-8") as log,
+        tqdm(total=len(pending), desc="teacher", disable=not progress) as bar,
+    ):
         for start in range(0, len(pending), batch_size):
             chunk = pending[start : start + batch_size]
             for prompt in {tuple(prompt_for(e["id"], special)) for e in chunk}:
@@ -95,22 +106,52 @@ def attended_frames(runtime, encoder_output, prompt: List[int], tokens: List[int
     return np.concatenate(rows).argmax(axis=1).astype(np.int16)
 
 
-def _extract_group(model, runtime, special, data_dir: str, out_dir: str, entries: List[Dict], prompt: List[int]) -> List[Dict]:
+def _extract_group(
+    model, runtime, special, data_dir: str, out_dir: str, entries: List[Dict], prompt: List[int]
+) -> List[Dict]:
     """Teacher data for utterances that share ``prompt``: one batched encoder and greedy call."""
     from ctranslate2 import StorageView
 
-    features = np.stack([model.window_features(np.load(os.path.join(data_dir, "audio", f"{e['id']}.npy"))
-                                               .astype(np.float32) / 32768.0) for e in entries])
+    features = np.stack(
+        [
+            model.window_features(
+                np.load(os.path.join(data_dir, "audio", f"{e['id']}.npy")).astype(np.float32) / 32768.0
+            )
+            for e in entries
+        ]
+    )
     encoded = model.reference_model.encode(StorageView.from_array(np.ascontiguousarray(features)))
-    results = model.reference_model.generate(encoded, [prompt] * len(entries), beam_size=1, max_initial_timestamp_index=50)
+    results = model.reference_model.generate(
+        encoded, [prompt] * len(entries), beam_size=1, max_initial_timestamp_index=50
+    )
     encoded = np.asarray(encoded)  # [n, frames, d]
-    return [_extract_one(runtime, special, out_dir, entry, features[i], StorageView.from_array(encoded[i : i + 1].copy()),
-                         prompt, list(result.sequences_ids[0]), model)
-            for i, (entry, result) in enumerate(zip(entries, results))]
+    return [
+        _extract_one(
+            runtime,
+            special,
+            out_dir,
+            entry,
+            features[i],
+            StorageView.from_array(encoded[i : i + 1].copy()),
+            prompt,
+            list(result.sequences_ids[0]),
+            model,
+        )
+        for i, (entry, result) in enumerate(zip(entries, results))
+    ]
 
 
-def _extract_one(runtime, special, out_dir: str, entry: Dict, features: np.ndarray, encoder_output, prompt: List[int],
-                 tokens: List[int], model) -> Dict:
+def _extract_one(
+    runtime,
+    special,
+    out_dir: str,
+    entry: Dict,
+    features: np.ndarray,
+    encoder_output,
+    prompt: List[int],
+    tokens: List[int],
+    model,
+) -> Dict:
 
     ended = len(tokens) < 224  # stopped on end-of-text, not on the budget
     full = tokens + ([special.eot] if ended else [])
@@ -141,5 +182,12 @@ def _extract_one(runtime, special, out_dir: str, entry: Dict, features: np.ndarr
         attended_frames=attended_frames(runtime, encoder_output, prompt, full),
     )
     text = model.hf_tokenizer.decode([t for t in tokens if t < special.eot])
-    return {"id": entry["id"], "split": entry["split"], "voice": entry["voice"], "tokens": len(full),
-            "timestamps": len(prompt) == 1, "hypothesis": text.strip(), "reference": entry["text"]}
+    return {
+        "id": entry["id"],
+        "split": entry["split"],
+        "voice": entry["voice"],
+        "tokens": len(full),
+        "timestamps": len(prompt) == 1,
+        "hypothesis": text.strip(),
+        "reference": entry["text"],
+    }

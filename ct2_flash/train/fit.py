@@ -131,8 +131,9 @@ def teacher_ids(data_dir: str, split: str) -> List[str]:
     return list(dict.fromkeys(ids))
 
 
-def load_examples(data_dir: str, split: str, limit: Optional[int] = None,
-                  ids: Optional[Sequence[str]] = None) -> List[Example]:
+def load_examples(
+    data_dir: str, split: str, limit: Optional[int] = None, ids: Optional[Sequence[str]] = None
+) -> List[Example]:
     """The teacher utterances of ``split``, or those named by ``ids`` (everything but the
     encoder outputs, read per batch). Damaged files are skipped with a warning."""
     if ids is None:
@@ -144,8 +145,11 @@ def load_examples(data_dir: str, split: str, limit: Optional[int] = None,
             with np.load(path) as data:
                 fields = {k: data[k] for k in ("states", "tokens", "prompt")}
                 if "top_ids" in data.files:
-                    fields.update(top_ids=data["top_ids"], top_log_probs=data["top_log_probs"],
-                                  audio_frames=int(data["audio_frames"]))
+                    fields.update(
+                        top_ids=data["top_ids"],
+                        top_log_probs=data["top_log_probs"],
+                        audio_frames=int(data["audio_frames"]),
+                    )
                 if "attended_frames" in data.files:
                     fields["attended_frames"] = data["attended_frames"]
         except DAMAGED as error:  # a damaged file costs one utterance
@@ -195,12 +199,19 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
         utterances = [utterances[i] for i in np.linspace(0, len(utterances) - 1, limit).round().astype(int)]
     windows = []
     for utterance in utterances:
-        features = target.window_features(decode_audio(utterance.path, sampling_rate=target.feature_extractor.sampling_rate))
+        features = target.window_features(
+            decode_audio(utterance.path, sampling_rate=target.feature_extractor.sampling_rate)
+        )
         batch = np.ascontiguousarray(features[None], dtype=np.float32)
         encoded = target.reference_model.encode(StorageView.from_array(batch), to_cpu=True)
-        windows.append(SpeechWindow(name=utterance.name, encoder_output=np.asarray(encoded)[0].astype(np.float16),
-                                    prompt=np.asarray(prompt_for(utterance.name, special), dtype=np.int64),
-                                    audio_frames=audio_frames(batch)[0]))
+        windows.append(
+            SpeechWindow(
+                name=utterance.name,
+                encoder_output=np.asarray(encoded)[0].astype(np.float16),
+                prompt=np.asarray(prompt_for(utterance.name, special), dtype=np.int64),
+                audio_frames=audio_frames(batch)[0],
+            )
+        )
     return windows
 
 
@@ -231,8 +242,13 @@ def batch_frames(examples: Sequence[Example], total: int) -> int:
 ANCHOR_RADIUS = 2
 
 
-def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.Generator,
-               audio_window: Optional[Tuple[int, int]] = None) -> Dict[str, torch.Tensor]:
+def make_batch(
+    examples: Sequence[Example],
+    k: int,
+    blocks: int,
+    rng: np.random.Generator,
+    audio_window: Optional[Tuple[int, int]] = None,
+) -> Dict[str, torch.Tensor]:
     """Pack up to ``blocks`` anchor blocks per utterance.
 
     Returns tensors: encoder [B, F, d] (F = ``batch_frames``), history [B, T, d],
@@ -281,8 +297,11 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
                 label_frames[b, slot, : len(follow)] = example.attended_frames[a + 1 : a + 1 + k]
                 own = drafter_frames(example, TOTAL_FRAMES)
                 # The runtime places the window after a verification; the first anchor has none.
-                start, stop = (0, own) if audio_window is None or a == 0 else \
-                    audio_window_span(int(example.attended_frames[a]), own, audio_window)
+                start, stop = (
+                    (0, own)
+                    if audio_window is None or a == 0
+                    else audio_window_span(int(example.attended_frames[a]), own, audio_window)
+                )
                 cross_mask[b, slot, start:stop] = True
         for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
             anchor_positions[b, slot] = offset + 1
@@ -293,15 +312,21 @@ def make_batch(examples: Sequence[Example], k: int, blocks: int, rng: np.random.
         encoder[b, : len(own)] = own
     as_tensor = torch.from_numpy
     tensors = {
-        "encoder": as_tensor(encoder), "history": as_tensor(history), "history_positions": as_tensor(history_positions),
-        "history_length": as_tensor(history_length), "anchors": as_tensor(anchors), "visible": as_tensor(visible),
-        "anchor_positions": as_tensor(anchor_positions), "labels": as_tensor(labels),
+        "encoder": as_tensor(encoder),
+        "history": as_tensor(history),
+        "history_positions": as_tensor(history_positions),
+        "history_length": as_tensor(history_length),
+        "anchors": as_tensor(anchors),
+        "visible": as_tensor(visible),
+        "anchor_positions": as_tensor(anchor_positions),
+        "labels": as_tensor(labels),
     }
     if soft:
         tensors.update(soft_ids=as_tensor(soft_ids), soft_log_probs=as_tensor(soft_log_probs))
     if positioned:
-        tensors.update(label_frames=as_tensor(label_frames),
-                       cross_mask=as_tensor(np.repeat(cross_mask, k + 1, axis=1)))  # every token of a block
+        tensors.update(
+            label_frames=as_tensor(label_frames), cross_mask=as_tensor(np.repeat(cross_mask, k + 1, axis=1))
+        )  # every token of a block
     return tensors
 
 
@@ -326,8 +351,13 @@ def position_weights(k: int) -> torch.Tensor:
     return torch.exp(-torch.arange(k, dtype=torch.float32) / 4.0)
 
 
-def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor,
-            kl_weight: float = 0.0, anchor_weight: float = 0.0) -> torch.Tensor:
+def loss_of(
+    model: FlashDrafterModel,
+    batch: Dict[str, torch.Tensor],
+    full_to_short: torch.Tensor,
+    kl_weight: float = 0.0,
+    anchor_weight: float = 0.0,
+) -> torch.Tensor:
     """Weighted cross-entropy over the K draft positions of every packed block, plus
     ``kl_weight`` times the distillation loss on the target's distribution and
     ``anchor_weight`` times the AnchorDraft loss (where the last layer reads the audio).
@@ -343,10 +373,18 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
     mask = block_attention_mask(batch["visible"], batch["history_length"], history_size, k, model.config.causal_blocks)
     anchored = anchor_weight > 0 and model.config.use_audio
     if anchored and "label_frames" not in batch:
-        raise ValueError("anchor_weight > 0 needs the frames the target attends to: rerun the extract step, "
-                         "or pass anchor_weight=0")
-    out = model.forward_blocks(x, positions, history_kvs, model.cross_kv(batch["encoder"]), mask,
-                               batch.get("cross_mask"), cross_weights=anchored)
+        raise ValueError(
+            "anchor_weight > 0 needs the frames the target attends to: rerun the extract step, or pass anchor_weight=0"
+        )
+    out = model.forward_blocks(
+        x,
+        positions,
+        history_kvs,
+        model.cross_kv(batch["encoder"]),
+        mask,
+        batch.get("cross_mask"),
+        cross_weights=anchored,
+    )
     states, attention = out if anchored else (out, None)
     states = states.unflatten(1, (-1, k + 1))[:, :, 1:]  # mask positions: [B, N, K, d]
     # One log-softmax over the shortlist serves both terms (computing it twice was a visible share of a step).
@@ -356,8 +394,10 @@ def loss_of(model: FlashDrafterModel, batch: Dict[str, torch.Tensor], full_to_sh
     losses = F.nll_loss(log_probs.flatten(0, 2), targets.flatten(), ignore_index=IGNORE, reduction="none")
     if kl_weight > 0:
         if "soft_ids" not in batch:
-            raise ValueError("kl_weight > 0 needs the target's top-k distributions: rerun the extract step "
-                             "(teacher data from before they were stored lacks them), or pass kl_weight=0")
+            raise ValueError(
+                "kl_weight > 0 needs the target's top-k distributions: rerun the extract step "
+                "(teacher data from before they were stored lacks them), or pass kl_weight=0"
+            )
         short_ids = full_to_short[batch["soft_ids"]]  # [B, N, K, top], IGNORE outside the shortlist
         teacher = batch["soft_log_probs"].masked_fill(short_ids < 0, float("-inf"))
         teacher = torch.softmax(teacher, dim=-1).nan_to_num(0.0)  # rows with nothing in the shortlist: 0
@@ -406,7 +446,9 @@ def text_token_counts(data_dir: str, tokenizer, vocab_size: int) -> np.ndarray:
     return counts
 
 
-def shortlist_from(examples: Sequence[Example], size: int, special, text_counts: Optional[np.ndarray] = None) -> np.ndarray:
+def shortlist_from(
+    examples: Sequence[Example], size: int, special, text_counts: Optional[np.ndarray] = None
+) -> np.ndarray:
     """The draft-head vocabulary: all special and timestamp tokens plus the most frequent
     tokens the target itself emitted in training, and in the texts of the training speech
     (``text_counts``: a run that takes in data extracted later must already have its tokens)
@@ -420,8 +462,12 @@ def shortlist_from(examples: Sequence[Example], size: int, special, text_counts:
     return np.sort(np.concatenate([frequent, always]))
 
 
-def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example, SpeechWindow]],
-             audio_window: Optional[Tuple[int, int]] = None) -> Dict[str, float]:
+def validate(
+    model: FlashDrafterModel,
+    decoder,
+    examples: Sequence[Union[Example, SpeechWindow]],
+    audio_window: Optional[Tuple[int, int]] = None,
+) -> Dict[str, float]:
     """Mean accepted length per round in the real cached loop on validation windows (the
     drafter reading ``audio_window`` around the target's position, as at run time): held-out
     teacher utterances or real recordings (``speech_windows``)."""
@@ -435,9 +481,12 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
     # Every round drafts all K (no draft pause, no confidence cut): the network is what is judged.
     with decoder.use_drafter(FlashDrafter(model, min_confidence=0.0, audio_window=audio_window)):
         for example in examples:
-            encoder_output = StorageView.from_array(np.ascontiguousarray(example.encoder_output[None], dtype=np.float32))
-            decoder.decode(encoder_output, [int(t) for t in example.prompt], DecodingOptions(),
-                           audio_frames=example.audio_frames)
+            encoder_output = StorageView.from_array(
+                np.ascontiguousarray(example.encoder_output[None], dtype=np.float32)
+            )
+            decoder.decode(
+                encoder_output, [int(t) for t in example.prompt], DecodingOptions(), audio_frames=example.audio_frames
+            )
     rounds = max(1, stats.draft_rounds)
     return {
         "mean_accepted_length": stats.accepted / rounds,
@@ -449,8 +498,14 @@ def validate(model: FlashDrafterModel, decoder, examples: Sequence[Union[Example
     }
 
 
-def train_step(model: FlashDrafterModel, optimizer, batch: Dict[str, torch.Tensor], full_to_short: torch.Tensor,
-               config: FitConfig, step: int) -> float:
+def train_step(
+    model: FlashDrafterModel,
+    optimizer,
+    batch: Dict[str, torch.Tensor],
+    full_to_short: torch.Tensor,
+    config: FitConfig,
+    step: int,
+) -> float:
     """One update at ``step`` of the schedule; returns the loss. With ``config.bf16`` the
     forward pass runs under bfloat16 autocast (the weights and the optimizer stay float32)."""
     for group in optimizer.param_groups:
@@ -493,7 +548,7 @@ def _save_state(path: str, model, optimizer, meta: dict) -> None:
 
 def _model_tensors(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The model's part of a saved training state (``_save_state`` prefixes it ``model.``)."""
-    return {name[len("model."):]: tensor for name, tensor in tensors.items() if name.startswith("model.")}
+    return {name[len("model.") :]: tensor for name, tensor in tensors.items() if name.startswith("model.")}
 
 
 def _load_state(path: str, model, optimizer) -> dict:
@@ -547,10 +602,22 @@ def snapshot(run_dir: str, out_dir: str, model_name: str = "tiny.en") -> str:
     return out_dir
 
 
-def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.en", shortlist_size: int = 8192,
-        threads: int = 2, progress: bool = True, use_audio: bool = True, use_history: bool = True,
-        init_from: Optional[str] = None, grow: bool = False, real_speech: Sequence[str] = (),
-        compute_type: str = "float32", deadline: Optional[float] = None) -> dict:
+def fit(
+    data_dir: str,
+    out_dir: str,
+    config: FitConfig,
+    model_name: str = "tiny.en",
+    shortlist_size: int = 8192,
+    threads: int = 2,
+    progress: bool = True,
+    use_audio: bool = True,
+    use_history: bool = True,
+    init_from: Optional[str] = None,
+    grow: bool = False,
+    real_speech: Sequence[str] = (),
+    compute_type: str = "float32",
+    deadline: Optional[float] = None,
+) -> dict:
     """Train (or resume) a drafter; the best checkpoint by validation accepted length goes to
     ``out_dir/best``. ``use_audio`` / ``use_history`` False train the paper's ablations.
 
@@ -596,12 +663,16 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     train = load_examples(data_dir, "train", ids=data["train_ids"])
     valid = load_examples(data_dir, "validation", config.validation_windows, ids=data["validation_ids"])
     loaded = {os.path.basename(e.path) for e in train + valid}
-    unreadable = [f"{i}.npz" for i in data["train_ids"] + data["validation_ids"][: config.validation_windows]
-                  if f"{i}.npz" not in loaded]
+    unreadable = [
+        f"{i}.npz"
+        for i in data["train_ids"] + data["validation_ids"][: config.validation_windows]
+        if f"{i}.npz" not in loaded
+    ]
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
-    target = FlashWhisperModel(model_path, stock_engine=False, compute_type=compute_type, cpu_threads=threads,
-                               redecodes=False, near_exact=True)
+    target = FlashWhisperModel(
+        model_path, stock_engine=False, compute_type=compute_type, cpu_threads=threads, redecodes=False, near_exact=True
+    )
     special = target.decoder.runtime.special
     real = speech_windows(target, real_speech, config.validation_windows)
     chosen_by = "real" if real else "validation"
@@ -616,8 +687,13 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         text_counts = text_token_counts(data_dir, target.hf_tokenizer, special.vocab_size)
         shortlist = shortlist_from(train, shortlist_size, special, text_counts)
         # Causal blocks: a round that verifies few drafts computes only their rows.
-        drafter_config = DrafterConfig(target=target_identity(model_path, model_name), shortlist_size=len(shortlist),
-                                       use_audio=use_audio, use_history=use_history, causal_blocks=True)
+        drafter_config = DrafterConfig(
+            target=target_identity(model_path, model_name),
+            shortlist_size=len(shortlist),
+            use_audio=use_audio,
+            use_history=use_history,
+            causal_blocks=True,
+        )
         model = FlashDrafterModel(drafter_config)
         model.init_from_target(CT2ModelFile(model_path))
         model.shortlist.copy_(torch.from_numpy(shortlist))
@@ -627,9 +703,19 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     by_length = order_by_length(train)
 
     os.makedirs(out_dir, exist_ok=True)
-    meta = {"step": 0, "best": -1.0, "validations": [], "fit_config": asdict(config),
-            "train_utterances": len(train), "validation_utterances": len(valid), "seconds": 0.0, "losses": [],
-            "init_from": init_from, "best_by": chosen_by, **data}
+    meta = {
+        "step": 0,
+        "best": -1.0,
+        "validations": [],
+        "fit_config": asdict(config),
+        "train_utterances": len(train),
+        "validation_utterances": len(valid),
+        "seconds": 0.0,
+        "losses": [],
+        "init_from": init_from,
+        "best_by": chosen_by,
+        **data,
+    }
     if resumed:
         meta = _load_state(state_path, model, optimizer)
         if len(data["train_ids"]) > len(meta.get("train_ids", data["train_ids"])):
@@ -657,8 +743,9 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
     while meta["step"] < config.steps:
         step = meta["step"]
         if deadline is not None and time.time() > deadline:
-            logging.getLogger(__name__).warning("fit: out of time at step %d of %d; the best checkpoint so far stays",
-                                                step, config.steps)
+            logging.getLogger(__name__).warning(
+                "fit: out of time at step %d of %d; the best checkpoint so far stays", step, config.steps
+            )
             meta["stopped_at"] = step
             meta["seconds"] = time.time() - started
             _save_state(state_path, model, optimizer, meta)
@@ -667,8 +754,9 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
         rng = np.random.default_rng([config.seed, step])
         chosen = [train[i] for i in sample_batch(by_length, config.batch_size, rng)]
         try:
-            batch = make_batch(chosen, drafter_config.num_draft_tokens, config.blocks_per_utterance, rng,
-                               config.audio_window)
+            batch = make_batch(
+                chosen, drafter_config.num_draft_tokens, config.blocks_per_utterance, rng, config.audio_window
+            )
         except DAMAGED as error:  # an encoder output that no longer reads: drop it, draw again
             damaged = next(e for e in chosen if not _readable(e))
             logging.getLogger(__name__).warning("dropped teacher file %s at step %d: %s", damaged.path, step, error)
@@ -690,4 +778,3 @@ def fit(data_dir: str, out_dir: str, config: FitConfig, model_name: str = "tiny.
             _save_state(state_path, model, optimizer, meta)
     bar.close()
     return meta
-

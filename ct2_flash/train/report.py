@@ -32,15 +32,27 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     left.plot(range(1, len(meta["losses"]) + 1), meta["losses"], linewidth=0.6)
     left.set(xlabel="step", ylabel="weighted cross-entropy", title="training loss")
     steps = [v["step"] for v in validations]
-    right.plot(steps, [v["mean_accepted_length"] for v in validations], marker="o", label="accepted length, held-out voices")
+    right.plot(
+        steps, [v["mean_accepted_length"] for v in validations], marker="o", label="accepted length, held-out voices"
+    )
     right.plot(steps, [v["tokens_per_call"] for v in validations], marker="s", label="tokens per call, held-out voices")
     real = [v for v in validations if "real" in v]
     if real:
         real_steps = [v["step"] for v in real]
-        right.plot(real_steps, [v["real"]["mean_accepted_length"] for v in real], marker="o", linestyle="--",
-                   label="accepted length, real speech")
-        right.plot(real_steps, [v["real"]["tokens_per_call"] for v in real], marker="s", linestyle="--",
-                   label="tokens per call, real speech")
+        right.plot(
+            real_steps,
+            [v["real"]["mean_accepted_length"] for v in real],
+            marker="o",
+            linestyle="--",
+            label="accepted length, real speech",
+        )
+        right.plot(
+            real_steps,
+            [v["real"]["tokens_per_call"] for v in real],
+            marker="s",
+            linestyle="--",
+            label="tokens per call, real speech",
+        )
     right.set(xlabel="step", title="validation, real cached loop")
     right.legend(fontsize=7)
     figure.tight_layout()
@@ -59,12 +71,28 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
         f"{meta['fit_config']['blocks_per_utterance']} blocks per utterance, wall time {meta['seconds'] / 60:.1f} min",
         f"- best validation (step {best.get('step')}, chosen by {'real speech' if by_real else 'held-out voices'}), "
         "held-out voices: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items() if k not in ("step", "real")),
-        *([("- same step, real speech (first windows of " + str(best["real"]["windows"]) + " recordings): "
-            + ", ".join(f"{k} {v:.3f}" for k, v in best["real"].items() if k != "windows"))] if "real" in best else []),
+        *(
+            [
+                (
+                    "- same step, real speech (first windows of "
+                    + str(best["real"]["windows"])
+                    + " recordings): "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in best["real"].items() if k != "windows")
+                )
+            ]
+            if "real" in best
+            else []
+        ),
         *_started_from(meta.get("init_from")),
         *_causal_from(meta.get("causal_blocks_from_step")),
-        *([f"- teacher files skipped as damaged: {len(meta['skipped_files'])} ({', '.join(meta['skipped_files'][:5])}"
-           f"{', ...' if len(meta['skipped_files']) > 5 else ''})"] if meta.get("skipped_files") else []),
+        *(
+            [
+                f"- teacher files skipped as damaged: {len(meta['skipped_files'])} ({', '.join(meta['skipped_files'][:5])}"
+                f"{', ...' if len(meta['skipped_files']) > 5 else ''})"
+            ]
+            if meta.get("skipped_files")
+            else []
+        ),
         "",
         "![validation curves](validation_curves.png)",
     ]
@@ -94,6 +122,8 @@ def _started_from(init_from) -> list:
         return [f"- started from {name}"]
     with open(state, encoding="utf-8") as stream:
         earlier = json.load(stream)
-    return [f"- started from {name}: {earlier['step']} steps ({earlier['seconds'] / 60:.1f} min, "
-            f"{earlier['train_utterances']} training utterances), best validation mean accepted length "
-            f"{earlier['best']:.3f}"]
+    return [
+        f"- started from {name}: {earlier['step']} steps ({earlier['seconds'] / 60:.1f} min, "
+        f"{earlier['train_utterances']} training utterances), best validation mean accepted length "
+        f"{earlier['best']:.3f}"
+    ]

@@ -26,8 +26,9 @@ def step_lock(directory: str, step: str) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RuntimeError(f"another '{step}' step is already running on {directory} "
-                               f"(it holds {path}); stop it first") from None
+            raise RuntimeError(
+                f"another '{step}' step is already running on {directory} (it holds {path}); stop it first"
+            ) from None
         handle.write(str(os.getpid()))
         handle.flush()
         try:

@@ -35,8 +35,15 @@ from ct2_flash.train.voices import SAMPLE_RATE, VALIDATION_VOICES, Voice, catalo
 
 MAX_SECONDS = 29.5  # one Whisper window, with room for the end timestamp
 RECIPE = 2
-TEXT_MIX = {"fortunes": 0.42, "packages": 0.1, "licenses": 0.04, "numbers": 0.2, "conversation": 0.14,
-            "instructions": 0.05, "dialogue": 0.05}
+TEXT_MIX = {
+    "fortunes": 0.42,
+    "packages": 0.1,
+    "licenses": 0.04,
+    "numbers": 0.2,
+    "conversation": 0.14,
+    "instructions": 0.05,
+    "dialogue": 0.05,
+}
 REPORT_FILE = "synth_report.json"
 
 log = logging.getLogger(__name__)
@@ -51,7 +58,11 @@ def _job(job: Tuple[str, str, str, dict, int, str, List[str]]) -> dict:
     except (subprocess.CalledProcessError, RuntimeError, OSError) as error:
         return {"id": utterance_id, "voice": voice_key, "rejected": f"tts failed: {type(error).__name__}"}
     if samples.size / SAMPLE_RATE > MAX_SECONDS / 1.1 or samples.size < SAMPLE_RATE:
-        return {"id": utterance_id, "voice": voice_key, "rejected": "too long" if samples.size >= SAMPLE_RATE else "too short"}
+        return {
+            "id": utterance_id,
+            "voice": voice_key,
+            "rejected": "too long" if samples.size >= SAMPLE_RATE else "too short",
+        }
     rng = np.random.default_rng(seed)
     audio_dir = os.path.join(data_dir, "audio")
 
@@ -65,12 +76,21 @@ def _job(job: Tuple[str, str, str, dict, int, str, List[str]]) -> dict:
     audio, info = augment(samples, rng, babble if babble_ids else None)
     np.save(os.path.join(audio_dir, f"{utterance_id}.npy"), audio)
     split = "validation" if voice_key in VALIDATION_VOICES or is_validation(text) else "train"
-    return {"id": utterance_id, "recipe": RECIPE, "voice": voice_key, **options, "text": text,
-            "seconds": audio.size / SAMPLE_RATE, "split": split, **info}
+    return {
+        "id": utterance_id,
+        "recipe": RECIPE,
+        "voice": voice_key,
+        **options,
+        "text": text,
+        "seconds": audio.size / SAMPLE_RATE,
+        "split": split,
+        **info,
+    }
 
 
-def jobs(data_dir: str, voices: List[Voice], weights: List[float], seed: int,
-         babble_ids: List[str]) -> Iterator[Tuple[str, str, str, dict, int, str, List[str]]]:
+def jobs(
+    data_dir: str, voices: List[Voice], weights: List[float], seed: int, babble_ids: List[str]
+) -> Iterator[Tuple[str, str, str, dict, int, str, List[str]]]:
     """The endless, deterministic list of recipe-2 utterances (for one set of installed voices)."""
     texts = passages(seed, 15, 55, TEXT_MIX)
     probabilities = np.asarray(weights) / np.sum(weights)
@@ -78,7 +98,11 @@ def jobs(data_dir: str, voices: List[Voice], weights: List[float], seed: int,
         rng = np.random.default_rng([seed, RECIPE, index])
         voice = voices[int(rng.choice(len(voices), p=probabilities))]
         options = settings(voice, rng)
-        babble = [babble_ids[i] for i in rng.choice(len(babble_ids), size=min(8, len(babble_ids)), replace=False)] if babble_ids else []
+        babble = (
+            [babble_ids[i] for i in rng.choice(len(babble_ids), size=min(8, len(babble_ids)), replace=False)]
+            if babble_ids
+            else []
+        )
         yield f"r{RECIPE}-{index:06d}", voice.key, next(texts), options, int(rng.integers(2**31)), data_dir, babble
 
 
@@ -98,11 +122,17 @@ def synthesize(data_dir: str, hours: float, seed: int = 0, workers: int = 2, pro
     have = sum(e["seconds"] for e in done.values())
     babble_ids = sorted(e["id"] for e in done.values() if e["split"] == "train")[:2000]
     bar = tqdm(total=round(target_seconds / 3600, 2), initial=round(have / 3600, 2), unit="h", disable=not progress)
-    pending = (job for job in jobs(data_dir, voices, [weight[v.key] for v in voices], seed, babble_ids)
-               if job[0] not in done and job[0] not in rejected)
+    pending = (
+        job
+        for job in jobs(data_dir, voices, [weight[v.key] for v in voices], seed, babble_ids)
+        if job[0] not in done and job[0] not in rejected
+    )
     written = 0
-    with ProcessPoolExecutor(max_workers=workers) as pool, open(manifest_path, "a", encoding="utf-8") as manifest, \
-            open(rejected_path, "a", encoding="utf-8") as rejects:
+    with (
+        ProcessPoolExecutor(max_workers=workers) as pool,
+        open(manifest_path, "a", encoding="utf-8") as manifest,
+        open(rejected_path, "a", encoding="utf-8") as rejects,
+    ):
         # Small chunks, so that stopping at the target does not wait for a long queue.
         while have < target_seconds:
             chunk = [next(pending) for _ in range(4 * workers)]
@@ -128,7 +158,9 @@ def synthesize(data_dir: str, hours: float, seed: int = 0, workers: int = 2, pro
 
 def write_report(data_dir: str, done: Dict[str, dict], rejected: Dict[str, dict], missing: Dict[str, str]) -> dict:
     """Hours by voice, channel, noise and split; rejections by reason; voices not installed."""
-    hours: Dict[str, Dict[str, float]] = {key: collections.defaultdict(float) for key in ("voice", "channel", "noise", "split", "recipe")}
+    hours: Dict[str, Dict[str, float]] = {
+        key: collections.defaultdict(float) for key in ("voice", "channel", "noise", "split", "recipe")
+    }
     for entry in done.values():
         for key in hours:
             hours[key][str(entry.get(key, "none" if key != "recipe" else 1))] += entry["seconds"] / 3600

