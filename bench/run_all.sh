@@ -98,6 +98,8 @@ $PY bench/studies/file_input.py --out $OUT/file_input/int8.json
 # Threads sharing one model (num_workers).
 $PY bench/thread_throughput.py --repeats 3 --stock --out $OUT/thread_throughput/default_vs_stock.json
 $PY bench/thread_throughput.py --threads 1 2 --cpu-threads 1 --repeats 3 --stock --out $OUT/thread_throughput/one_thread_each.json
+# Whole collections: audio hours per hour by layout (jobs x threads), against stock and tuned stock.
+$PY bench/collections.py --compute-type int8 --repeats 2 --out $OUT/collections/int8.json
 # What a draft round costs in the loop: PyTorch eager against the exported graphs.
 $PY bench/studies/draft_round.py --speech-set mfa --limit 16 --out $OUT/draft_round/int8.json
 # Where a verified block's bookkeeping goes, in the loop and replayed warm.

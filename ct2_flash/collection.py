@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Set
 
 from ct2_flash.outputs import output_paths, write_outputs
 
@@ -185,7 +186,12 @@ def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str])
 
 
 def transcribe_files(
-    inputs: Sequence[str], output_dir: str, formats: Sequence[str] = ("txt",), model=None, **transcribe_options
+    inputs: Sequence[str],
+    output_dir: str,
+    formats: Sequence[str] = ("txt",),
+    model=None,
+    jobs: int = 1,
+    **transcribe_options,
 ) -> Iterator[FileResult]:
     """Transcribe every audio file ``inputs`` name (``find_audio``) into ``output_dir``.
 
@@ -194,44 +200,84 @@ def transcribe_files(
         output_dir: where the outputs go (made if needed).
         formats: output formats (``outputs.WRITERS``: txt, srt, vtt, json).
         model: a ``FlashWhisperModel`` (or faster-whisper's ``WhisperModel``); default
-            ``FlashWhisperModel("tiny.en")``, built only if a file needs transcribing.
+            ``FlashWhisperModel("tiny.en", num_workers=jobs)``, built only if a file needs
+            transcribing.
+        jobs: files transcribed at once (``transcribe_found``).
         transcribe_options: ``transcribe()``'s options (``beam_size=1`` unless given).
     Yields:
-        a ``FileResult`` per file, in order, as each is finished.
+        a ``FileResult`` per file as each is finished (in order with one job).
     Raises:
         CollectionError: before anything is transcribed (``find_audio``,
             ``check_output_folder``).
     """
     files = find_audio(inputs)
     check_output_folder(output_dir)
-    return transcribe_found(files, output_dir, formats, model, **transcribe_options)
+    return transcribe_found(files, output_dir, formats, model, jobs, **transcribe_options)
 
 
 def transcribe_found(
-    files: Sequence[AudioFile], output_dir: str, formats: Sequence[str], model=None, **transcribe_options
+    files: Sequence[AudioFile], output_dir: str, formats: Sequence[str], model=None, jobs: int = 1, **transcribe_options
 ) -> Iterator[FileResult]:
-    """``transcribe_files`` on files already found (``find_audio``), into a checked folder."""
-    transcribe_options.setdefault("beam_size", 1)
-    for audio in files:
-        started = time.perf_counter()
-        outputs = output_paths(output_dir, audio.stem, formats)
-        if all(os.path.isfile(path) for path in outputs):
-            yield FileResult(audio.path, "skipped", outputs)
-            continue
-        if model is None:
-            from ct2_flash.whisper_model import FlashWhisperModel
+    """``transcribe_files`` on files already found (``find_audio``), into a checked folder.
 
-            model = FlashWhisperModel("tiny.en")
+    With ``jobs`` > 1, that many files are transcribed at once by threads sharing ``model``,
+    which should then be built with faster-whisper's ``num_workers=jobs`` (CTranslate2 then
+    runs that many calls at once, each on a replica with ``cpu_threads`` threads); results come
+    as files finish. An interruption (Ctrl-C, closing the iterator) lets the files being
+    transcribed finish and write their outputs, and starts no other.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs!r}")
+    transcribe_options.setdefault("beam_size", 1)
+    if jobs == 1:
+        for audio in files:
+            outputs = output_paths(output_dir, audio.stem, formats)
+            if all(os.path.isfile(path) for path in outputs):
+                yield FileResult(audio.path, "skipped", outputs)
+                continue
+            model = model or _default_model(jobs)
+            yield _transcribe_one(model, audio, output_dir, formats, transcribe_options)
+        return
+    with ThreadPoolExecutor(jobs, thread_name_prefix="ct2-flash-transcribe") as pool:
+        running: Set[Future] = set()
         try:
-            segments, info = model.transcribe(audio.path, **transcribe_options)
-            segments = list(segments)
-        except (ValueError, OSError) as error:  # AudioError and PyAV's errors; one bad file stops nothing
-            yield FileResult(audio.path, "failed", error=_reason(error), seconds=time.perf_counter() - started)
-            continue
-        written = write_outputs(segments, info, audio.path, output_dir, formats, stem=audio.stem)
-        yield FileResult(
-            audio.path, "done", written, audio_seconds=float(info.duration), seconds=time.perf_counter() - started
-        )
+            for audio in files:
+                outputs = output_paths(output_dir, audio.stem, formats)
+                if all(os.path.isfile(path) for path in outputs):
+                    yield FileResult(audio.path, "skipped", outputs)
+                    continue
+                model = model or _default_model(jobs)
+                running.add(pool.submit(_transcribe_one, model, audio, output_dir, formats, transcribe_options))
+                if len(running) >= jobs:
+                    finished, running = wait(running, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        yield future.result()
+            while running:
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    yield future.result()
+        finally:
+            for future in running:
+                future.cancel()  # not started yet: never started; running ones finish whole
+
+
+def _default_model(jobs: int):
+    from ct2_flash.whisper_model import FlashWhisperModel
+
+    return FlashWhisperModel("tiny.en", num_workers=jobs)
+
+
+def _transcribe_one(model, audio: AudioFile, output_dir: str, formats: Sequence[str], options: dict) -> FileResult:
+    started = time.perf_counter()
+    try:
+        segments, info = model.transcribe(audio.path, **options)
+        segments = list(segments)
+    except (ValueError, OSError) as error:  # AudioError and PyAV's errors; one bad file stops nothing
+        return FileResult(audio.path, "failed", error=_reason(error), seconds=time.perf_counter() - started)
+    written = write_outputs(segments, info, audio.path, output_dir, formats, stem=audio.stem)
+    return FileResult(
+        audio.path, "done", written, audio_seconds=float(info.duration), seconds=time.perf_counter() - started
+    )
 
 
 def _reason(error: BaseException) -> str:

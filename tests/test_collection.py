@@ -174,3 +174,24 @@ def test_the_command_refuses_what_it_cannot_do_before_starting(tmp_path):
     unwritable = _cli(str(root / "first.ogg"), "--output-dir", str(blocked / "out"))
     assert unwritable.returncode == 2 and "cannot write to the output folder" in unwritable.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_two_jobs_write_what_one_job_writes(model_path, tmp_path):
+    """Two files at a time on one model (two CTranslate2 replicas, the loop taken by one call at a
+    time): the same transcripts as one at a time."""
+    from ct2_flash import FlashWhisperModel
+
+    from .conftest import THREADS
+
+    root = _collection(tmp_path / "in")
+    for bad in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")):
+        os.remove(root / bad)
+    shutil.copy(os.path.join(DATA, "clip06_awb.ogg"), root / "fourth.ogg")
+    model = FlashWhisperModel(model_path, compute_type="float32", cpu_threads=max(1, THREADS // 2), num_workers=2)
+    one = list(transcribe_files([str(root)], str(tmp_path / "one"), ("txt", "srt"), model=model))
+    two = list(transcribe_files([str(root)], str(tmp_path / "two"), ("txt", "srt"), model=model, jobs=2))
+    assert sorted(r.path for r in two) == sorted(r.path for r in one) and {r.status for r in two} == {"done"}
+    for path in sorted((tmp_path / "one").rglob("*.*")):
+        assert path.read_text() == (tmp_path / "two" / path.relative_to(tmp_path / "one")).read_text(), path
+    with pytest.raises(ValueError, match="jobs"):
+        list(transcribe_files([str(root)], str(tmp_path / "three"), model=model, jobs=0))

@@ -1,0 +1,218 @@
+"""``ct2-flash transcribe``: transcripts of files, folders and lists of paths."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """The ``transcribe`` subcommand's arguments."""
+    transcribe = commands.add_parser(
+        "transcribe",
+        help="transcribe files, folders or lists of paths into txt, srt, vtt or json (resumable)",
+        description="Transcribe every audio file named: files, folders (searched recursively, sub-folders mirrored "
+        "in --output-dir) and .txt/.lst files listing paths. Files whose outputs all exist are skipped, "
+        "so the same command resumes an interrupted run; outputs are written whole or not at all; files "
+        "that cannot be decoded are listed in OUTPUT_DIR/failures.tsv and the exit code is 1.",
+    )
+    transcribe.add_argument("files", nargs="+", help="audio files, folders, or .txt/.lst files listing paths")
+    transcribe.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
+    transcribe.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda", "auto"],
+        help="where the model runs (default: cpu; on a GPU every call runs CTranslate2's "
+        "generate(): docs/usage.md, 'On a GPU')",
+    )
+    transcribe.add_argument(
+        "--compute-type",
+        default="int8",
+        choices=["int8", "float32", "int8_float32", "int16", "float16", "int8_float16", "bfloat16"],
+        help="default int8; float16, int8_float16 and bfloat16 run on a GPU only",
+    )
+    transcribe.add_argument(
+        "--jobs", type=int, default=1, help="files transcribed at once, threads sharing one model (default: 1)"
+    )
+    transcribe.add_argument("--threads", type=int, default=2, help="CPU threads per job (default: 2)")
+    transcribe.add_argument("--language", default=None, help="language code (default: the model's, or detected)")
+    transcribe.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="1 (default) decodes speculatively; larger runs CTranslate2's beam search",
+    )
+    transcribe.add_argument("--output-format", default="txt", choices=["txt", "srt", "vtt", "json", "all"])
+    transcribe.add_argument("--output-dir", default=".", help="where the files go (default: here)")
+    transcribe.add_argument("--word-timestamps", action="store_true")
+    transcribe.add_argument("--vad-filter", action="store_true")
+    transcribe.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        default=None,
+        help="transcribe()'s temperature: one value (0: greedy, no fallback), or the fallback "
+        "list (default: faster-whisper's, 0.0 to 1.0 by 0.2)",
+    )
+    transcribe.add_argument(
+        "--condition-on-previous-text",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="transcribe()'s condition_on_previous_text (default: faster-whisper's, on)",
+    )
+    transcribe.add_argument("--initial-prompt", default=None, help="transcribe()'s initial_prompt")
+    transcribe.add_argument(
+        "--near-exact",
+        action="store_true",
+        help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
+        "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()",
+    )
+    transcribe.add_argument(
+        "--stock-engine",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="FlashWhisperModel(stock_engine=...) (default: on)",
+    )
+    transcribe.add_argument(
+        "--drafter", default=None, help="drafter directory, e.g. one ct2-flash adapt wrote (default: the shipped one)"
+    )
+    transcribe.set_defaults(handler=run)
+    return transcribe
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ct2_flash.collection import CollectionError, check_output_folder, find_audio, pending, transcribe_found
+    from ct2_flash.outputs import FORMATS
+
+    formats = FORMATS if args.output_format == "all" else (args.output_format,)
+    if args.beam_size < 1 or args.threads < 1 or args.jobs < 1:
+        print("ct2-flash transcribe: --beam-size, --threads and --jobs must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        files = find_audio(args.files)
+        check_output_folder(args.output_dir)
+    except CollectionError as error:
+        print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+        return 2
+    if not files:
+        print(f"ct2-flash transcribe: no audio files in {', '.join(args.files)}", file=sys.stderr)
+        return 2
+    model = _transcription_model(args) if pending(files, args.output_dir, formats) else None
+    if model is False:
+        return 2
+    options = _transcribe_options(args)
+    counts = {"done": 0, "skipped": 0, "failed": 0}
+    failures: List[str] = []
+    audio_seconds, started = 0.0, time.perf_counter()
+    bar = tqdm(total=len(files), unit="file", disable=len(files) < 2, file=sys.stderr)
+    try:
+        for result in transcribe_found(files, args.output_dir, formats, model, args.jobs, **options):
+            counts[result.status] += 1
+            audio_seconds += result.audio_seconds
+            if result.status == "failed":
+                failures.append(f"{result.path}\t{result.error}")
+                bar.write(f"ct2-flash transcribe: {result.path}: {result.error}", file=sys.stderr)
+            elapsed = time.perf_counter() - started
+            bar.set_postfix_str(
+                f"{_clock(audio_seconds)} of audio, real-time factor "
+                f"{elapsed / audio_seconds if audio_seconds else 0:.3f}",
+                refresh=False,
+            )
+            bar.update(1)
+    except KeyboardInterrupt:
+        bar.close()
+        print(
+            f"ct2-flash transcribe: interrupted; {counts['done']} file(s) transcribed and written, the rest "
+            "untouched (run the same command again to go on)",
+            file=sys.stderr,
+        )
+        return 130
+    bar.close()
+    elapsed = time.perf_counter() - started
+    failures_path = _write_failures(args.output_dir, failures)
+    print(
+        f"{counts['done']} transcribed, {counts['skipped']} skipped (outputs existed), {counts['failed']} failed"
+        + (f" (listed in {failures_path})" if failures else "")
+        + f"; {_clock(audio_seconds)} of audio ({audio_seconds / 3600:.2f} h) in {_clock(elapsed)}"
+        + (f" (real-time factor {elapsed / audio_seconds:.3f})" if audio_seconds else ""),
+        file=sys.stderr,
+    )
+    if model is not None and hasattr(model, "spec_stats"):
+        stats = model.spec_stats
+        print(
+            f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate(), "
+            f"{stats.fallback_calls} not speculative"
+            + (
+                f"; {stats.tokens_per_call:.2f} tokens per target call, acceptance {stats.acceptance_rate:.1%}"
+                if stats.target_calls
+                else ""
+            ),
+            file=sys.stderr,
+        )
+    return 1 if failures else 0
+
+
+def _transcribe_options(args: argparse.Namespace) -> dict:
+    """``transcribe()``'s options from the flags; those not given keep faster-whisper's defaults."""
+    options = dict(
+        beam_size=args.beam_size,
+        language=args.language,
+        word_timestamps=args.word_timestamps,
+        vad_filter=args.vad_filter,
+    )
+    if args.temperature is not None:
+        options["temperature"] = args.temperature[0] if len(args.temperature) == 1 else tuple(args.temperature)
+    if args.condition_on_previous_text is not None:
+        options["condition_on_previous_text"] = args.condition_on_previous_text
+    if args.initial_prompt is not None:
+        options["initial_prompt"] = args.initial_prompt
+    return options
+
+
+def _write_failures(output_dir: str, failures: List[str]) -> str:
+    """``OUTPUT_DIR/failures.tsv`` listing this run's failures (path, tab, reason), or removed
+    where none failed (an earlier run's list: those files are done now); returns its path."""
+    path = os.path.join(output_dir, "failures.tsv")
+    if failures:
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write("\n".join(failures) + "\n")
+    elif os.path.isfile(path):
+        os.remove(path)
+    return path
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _transcription_model(args: argparse.Namespace):
+    """The model ``transcribe`` decodes with; False (the reason printed) where it cannot be built."""
+    from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
+    from ct2_flash.whisper_model import FlashWhisperModel
+
+    try:
+        return FlashWhisperModel(
+            args.model,
+            device=args.device,
+            compute_type=args.compute_type,
+            cpu_threads=args.threads,
+            num_workers=args.jobs,
+            near_exact=args.near_exact,
+            stock_engine=args.stock_engine,
+            drafter=args.drafter,
+        )
+    except (CheckpointError, DrafterMismatchError) as error:
+        print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+    except (ValueError, RuntimeError) as error:  # CTranslate2: no such device, or a compute type it lacks
+        print(
+            f"ct2-flash transcribe: cannot load {args.model} on {args.device} at {args.compute_type}: {error}",
+            file=sys.stderr,
+        )
+    return False
