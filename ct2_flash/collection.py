@@ -17,7 +17,7 @@ import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Set
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ct2_flash.outputs import output_paths, write_outputs
 
@@ -178,11 +178,33 @@ def check_output_folder(output_dir: str) -> None:
         raise CollectionError(f"cannot write to the output folder {output_dir}: {error.strerror or error}") from None
 
 
-def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str]) -> bool:
-    """Whether any of ``files`` lacks one of its outputs (what a rerun would transcribe)."""
-    return any(
-        not all(os.path.isfile(path) for path in output_paths(output_dir, audio.stem, formats)) for audio in files
-    )
+def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str]) -> List[AudioFile]:
+    """The files that lack one of their outputs (what a run transcribes; the rest it skips)."""
+    return [
+        audio
+        for audio in files
+        if not all(os.path.isfile(path) for path in output_paths(output_dir, audio.stem, formats))
+    ]
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_layout(
+    files: int, jobs: Optional[int] = None, threads: Optional[int] = None, cores: Optional[int] = None
+) -> Tuple[int, int]:
+    """(jobs, threads per job) for ``files`` files on ``cores`` cores (default: ``usable_cores``),
+    filling in what is not given: one job per core with one thread each, no more jobs than
+    files, the cores left over given to the jobs' threads. On 2 cores two jobs of one thread
+    transcribed a folder of real speech faster than one job of two (the figures:
+    docs/measurements.md, "Whole collections"): a small model's decoder step does not use a
+    second core well, and two encoders on a core each beat one on both."""
+    cores = cores or usable_cores()
+    if jobs is None:
+        jobs = max(1, min(files, cores // (threads or 1)))
+    return jobs, threads or max(1, cores // jobs)
 
 
 def transcribe_files(
@@ -264,7 +286,7 @@ def transcribe_found(
 def _default_model(jobs: int):
     from ct2_flash.whisper_model import FlashWhisperModel
 
-    return FlashWhisperModel("tiny.en", num_workers=jobs)
+    return FlashWhisperModel("tiny.en", num_workers=jobs, cpu_threads=default_layout(jobs, jobs)[1])
 
 
 def _transcribe_one(model, audio: AudioFile, output_dir: str, formats: Sequence[str], options: dict) -> FileResult:

@@ -195,3 +195,20 @@ def test_two_jobs_write_what_one_job_writes(model_path, tmp_path):
         assert path.read_text() == (tmp_path / "two" / path.relative_to(tmp_path / "one")).read_text(), path
     with pytest.raises(ValueError, match="jobs"):
         list(transcribe_files([str(root)], str(tmp_path / "three"), model=model, jobs=0))
+
+
+@pytest.mark.parametrize(
+    "files, jobs, threads, cores, layout",
+    [
+        (10, None, None, 2, (2, 1)),  # one job per core, one thread each
+        (1, None, None, 2, (1, 2)),  # one file: one job on both cores
+        (3, None, None, 4, (3, 1)),  # no more jobs than files
+        (10, 1, None, 2, (1, 2)),  # jobs given: the cores divided among them
+        (10, None, 2, 4, (2, 2)),  # threads given: as many jobs as fit
+        (0, None, None, 2, (1, 2)),  # nothing left to do
+    ],
+)
+def test_the_default_layout_is_a_job_per_core(files, jobs, threads, cores, layout):
+    from ct2_flash.collection import default_layout
+
+    assert default_layout(files, jobs, threads, cores) == layout

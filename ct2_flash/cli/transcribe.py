@@ -35,9 +35,15 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="default int8; float16, int8_float16 and bfloat16 run on a GPU only",
     )
     transcribe.add_argument(
-        "--jobs", type=int, default=1, help="files transcribed at once, threads sharing one model (default: 1)"
+        "--jobs",
+        type=int,
+        default=None,
+        help="files transcribed at once, threads sharing one model (default: one per core, no more than the files "
+        "left to do)",
     )
-    transcribe.add_argument("--threads", type=int, default=2, help="CPU threads per job (default: 2)")
+    transcribe.add_argument(
+        "--threads", type=int, default=None, help="CPU threads per job (default: the cores divided among the jobs)"
+    )
     transcribe.add_argument("--language", default=None, help="language code (default: the model's, or detected)")
     transcribe.add_argument(
         "--beam-size",
@@ -86,11 +92,18 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ct2_flash.collection import CollectionError, check_output_folder, find_audio, pending, transcribe_found
+    from ct2_flash.collection import (
+        CollectionError,
+        check_output_folder,
+        default_layout,
+        find_audio,
+        pending,
+        transcribe_found,
+    )
     from ct2_flash.outputs import FORMATS
 
     formats = FORMATS if args.output_format == "all" else (args.output_format,)
-    if args.beam_size < 1 or args.threads < 1 or args.jobs < 1:
+    if args.beam_size < 1 or any(value is not None and value < 1 for value in (args.threads, args.jobs)):
         print("ct2-flash transcribe: --beam-size, --threads and --jobs must be >= 1", file=sys.stderr)
         return 2
     try:
@@ -102,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if not files:
         print(f"ct2-flash transcribe: no audio files in {', '.join(args.files)}", file=sys.stderr)
         return 2
-    model = _transcription_model(args) if pending(files, args.output_dir, formats) else None
+    todo = pending(files, args.output_dir, formats)
+    args.jobs, args.threads = default_layout(len(todo), args.jobs, args.threads)
+    model = _transcription_model(args) if todo else None
     if model is False:
         return 2
     options = _transcribe_options(args)
