@@ -13,6 +13,7 @@ result with its reason, not an exception. ``ct2-flash transcribe`` is its comman
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -308,3 +309,124 @@ def _reason(error: BaseException) -> str:
     text = lines[0] if lines else ""
     name = type(error).__name__
     return text if name in text else f"{name}: {text}".rstrip(": ")
+
+
+# --- On a cluster: Ray Data, one model per actor -------------------------------------------
+
+RAY_HINT = "pip install 'ct2-flash[ray]' (or bash scripts/install.sh --ray)"
+
+
+def transcribe_on_ray(
+    files: Sequence[AudioFile],
+    output_dir: str,
+    formats: Sequence[str],
+    model_options: Dict,
+    address: Optional[str] = None,
+    actors: Optional[int] = None,
+    **transcribe_options,
+) -> Iterator[FileResult]:
+    """``transcribe_found`` as a Ray Data job: the files left to do go to a pool of actors, each
+    holding one ``FlashWhisperModel(**model_options)`` and writing its files' outputs into
+    ``output_dir`` (a path every node sees) as ``transcribe_found`` does: whole or not at all, a
+    failure a result with its reason. Files whose outputs exist are skipped here, on the driver.
+
+    Args:
+        address: the cluster (``ray.init(address=...)``); None starts a local Ray instance,
+            or uses the one this process already started.
+        actors: the most actors (default: the cluster's CPUs over ``model_options``'
+            ``cpu_threads``); each reserves ``cpu_threads`` CPUs.
+    Yields:
+        a ``FileResult`` per file as it finishes (skipped ones first).
+    Raises:
+        CollectionError: Ray is not installed, or the cluster does not answer.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise CollectionError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
+    todo = pending(files, output_dir, formats)
+    for audio in files:
+        if audio not in todo:
+            yield FileResult(audio.path, "skipped", output_paths(output_dir, audio.stem, formats))
+    if not todo:
+        return
+    if not ray.is_initialized():
+        if address not in (None, "", "auto", "local"):
+            _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+        except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError... by case
+            raise CollectionError(f"cannot start or reach Ray at {address or 'a local instance'}: {error}") from None
+    threads = max(1, int(model_options.get("cpu_threads") or 1))
+    if actors is None:
+        actors = max(1, min(len(todo), int(ray.cluster_resources().get("CPU", 1)) // threads))
+    transcribe_options.setdefault("beam_size", 1)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the caller shows its own progress
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    dataset = ray.data.from_items([{"path": audio.path, "stem": audio.stem} for audio in todo])
+    results = dataset.map_batches(
+        _RayTranscriber,
+        batch_size=1,
+        concurrency=(1, actors),
+        num_cpus=threads,
+        fn_constructor_kwargs=dict(
+            output_dir=output_dir, formats=list(formats), model_options=model_options, options=transcribe_options
+        ),
+    )
+    for row in results.iter_rows():
+        yield FileResult(
+            row["path"],
+            row["status"],
+            list(row["outputs"]),
+            row["error"] or None,
+            float(row["audio_seconds"]),
+            float(row["seconds"]),
+        )
+
+
+# Seconds a Ray address gets to accept a connection before it counts as not answering (Ray's
+# own client retries for minutes).
+RAY_CONNECT_TIMEOUT = 10
+
+
+def _check_reachable(address: str) -> None:
+    """Raise ``CollectionError`` unless something accepts a TCP connection at ``address``
+    (``host:port`` or ``ray://host:port``)."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_CONNECT_TIMEOUT):
+            return
+    except ValueError:
+        raise CollectionError(f"not a Ray address (HOST:PORT or ray://HOST:PORT): {address!r}") from None
+    except OSError as error:
+        raise CollectionError(f"the Ray cluster at {address} does not answer: {error.strerror or error}") from None
+
+
+class _RayTranscriber:
+    """A Ray Data actor: one model, files one at a time (``_transcribe_one``)."""
+
+    def __init__(self, output_dir: str, formats: List[str], model_options: Dict, options: Dict) -> None:
+        from ct2_flash.whisper_model import FlashWhisperModel
+
+        self.model = FlashWhisperModel(**model_options)
+        self.output_dir, self.formats, self.options = output_dir, formats, options
+
+    def __call__(self, batch: Dict) -> Dict[str, list]:
+        columns: Dict[str, list] = {
+            key: [] for key in ("path", "status", "outputs", "error", "audio_seconds", "seconds")
+        }
+        for path, stem in zip(batch["path"], batch["stem"]):
+            result = _transcribe_one(
+                self.model, AudioFile(str(path), str(stem)), self.output_dir, self.formats, self.options
+            )
+            columns["path"].append(result.path)
+            columns["status"].append(result.status)
+            columns["outputs"].append(list(result.outputs))
+            columns["error"].append(result.error or "")
+            columns["audio_seconds"].append(result.audio_seconds)
+            columns["seconds"].append(result.seconds)
+        return columns

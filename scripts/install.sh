@@ -8,16 +8,19 @@
 #   bash scripts/install.sh            # the library and its command-line tool
 #   bash scripts/install.sh --test     # plus the test dependencies
 #   bash scripts/install.sh --clients  # plus the pinned faster-whisper clients (packaging/clients.txt)
+#   bash scripts/install.sh --ray      # plus Ray Data, for ct2-flash transcribe --ray
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
 clients=0
+ray=0
 for arg in "$@"; do
   case "$arg" in
     --test) extras="[test]" ;;
     --clients) clients=1 ;;
-    *) echo "usage: bash scripts/install.sh [--test] [--clients]" >&2; exit 2 ;;
+    --ray) ray=1 ;;
+    *) echo "usage: bash scripts/install.sh [--test] [--clients] [--ray]" >&2; exit 2 ;;
   esac
 done
 
@@ -64,4 +67,15 @@ if [[ "$clients" == 1 ]]; then
   "$PY" -m pip install --quiet -r packaging/clients.txt -c "$constraints"
   "$PY" -m pip check
   "$PY" -c "import ct2_flash"
+fi
+
+if [[ "$ray" == 1 ]]; then
+  # Ray Data for ct2-flash transcribe --ray (the [ray] extra), holding ct2-flash's installed
+  # numpy and engine as constraints, as for the clients.
+  constraints="$(mktemp)"
+  trap 'rm -f "$constraints"' EXIT
+  "$PY" -m pip freeze | grep -iE '^(faster-whisper|ctranslate2-crisperwhisper|numpy|av|onnxruntime)==' >"$constraints"
+  "$PY" -m pip install --quiet -e ".[ray]" -c "$constraints"
+  "$PY" -m pip check
+  "$PY" -c "import ct2_flash, ray.data"
 fi

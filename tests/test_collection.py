@@ -212,3 +212,64 @@ def test_the_default_layout_is_a_job_per_core(files, jobs, threads, cores, layou
     from ct2_flash.collection import default_layout
 
     assert default_layout(files, jobs, threads, cores) == layout
+
+
+def test_without_ray_the_ray_option_says_how_to_get_it(tmp_path, monkeypatch):
+    import builtins
+
+    from ct2_flash.collection import transcribe_on_ray
+
+    real_import = builtins.__import__
+
+    def without_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_ray)
+    root = _collection(tmp_path / "in")
+    with pytest.raises(CollectionError, match=r"pip install 'ct2-flash\[ray\]'"):
+        list(transcribe_on_ray(find_audio([str(root / "first.ogg")]), str(tmp_path / "out"), ("txt",), {}))
+    assert not (tmp_path / "out" / "first.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_collection_on_a_local_ray_instance_writes_what_one_machine_writes(model_path, tmp_path):
+    """The same job as Ray Data (one model per actor, two actors of one thread on a local
+    instance): the same outputs and failures as the single-machine run, and a rerun skips."""
+    ray = pytest.importorskip("ray")
+    from ct2_flash import FlashWhisperModel
+    from ct2_flash.collection import transcribe_on_ray
+
+    root = _collection(tmp_path / "in")
+    model = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=1)
+    here = {r.path: r for r in transcribe_files([str(root)], str(tmp_path / "here"), ("txt", "srt"), model=model)}
+    files = find_audio([str(root)])
+    options = dict(model_size_or_path=model_path, compute_type="int8", cpu_threads=1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        there = {r.path: r for r in transcribe_on_ray(files, str(tmp_path / "there"), ("txt", "srt"), options)}
+        assert {p: r.status for p, r in there.items()} == {p: r.status for p, r in here.items()}
+        assert all(there[p].error for p, r in here.items() if r.status == "failed")
+        for path in sorted((tmp_path / "here").rglob("*.*")):
+            assert path.read_text() == (tmp_path / "there" / path.relative_to(tmp_path / "here")).read_text(), path
+        again = list(transcribe_on_ray(files, str(tmp_path / "there"), ("txt", "srt"), options))
+        assert sorted(r.status for r in again) == ["failed"] * 3 + ["skipped"] * 3
+    finally:
+        ray.shutdown()
+
+
+def test_a_ray_address_that_does_not_answer_is_refused_at_once():
+    import socket
+
+    from ct2_flash.collection import _check_reachable
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(CollectionError, match="does not answer"):
+        _check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(CollectionError, match="does not answer"):
+        _check_reachable(f"ray://127.0.0.1:{port}")
+    with pytest.raises(CollectionError, match="not a Ray address"):
+        _check_reachable("head-node")

@@ -71,6 +71,16 @@ def add_parser(commands) -> argparse.ArgumentParser:
     )
     transcribe.add_argument("--initial-prompt", default=None, help="transcribe()'s initial_prompt")
     transcribe.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run as a Ray Data job, one model per actor (--jobs: the most actors), on the cluster at ADDRESS "
+        "(ray.init's address: auto, ray://HEAD:10001, ...) or, without one, a local Ray instance; every node "
+        "must see --output-dir. Needs pip install 'ct2-flash[ray]'",
+    )
+    transcribe.add_argument(
         "--near-exact",
         action="store_true",
         help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
@@ -99,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         find_audio,
         pending,
         transcribe_found,
+        transcribe_on_ray,
     )
     from ct2_flash.outputs import FORMATS
 
@@ -116,17 +127,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"ct2-flash transcribe: no audio files in {', '.join(args.files)}", file=sys.stderr)
         return 2
     todo = pending(files, args.output_dir, formats)
+    args.jobs_given = args.jobs
     args.jobs, args.threads = default_layout(len(todo), args.jobs, args.threads)
-    model = _transcription_model(args) if todo else None
-    if model is False:
-        return 2
-    options = _transcribe_options(args)
+    if args.ray is not None:
+        model = None
+        results = transcribe_on_ray(
+            files,
+            args.output_dir,
+            formats,
+            _model_options(args),
+            address=args.ray or None,
+            actors=None if args.jobs_given is None else args.jobs,
+            **_transcribe_options(args),
+        )
+    else:
+        model = _transcription_model(args) if todo else None
+        if model is False:
+            return 2
+        results = transcribe_found(files, args.output_dir, formats, model, args.jobs, **_transcribe_options(args))
     counts = {"done": 0, "skipped": 0, "failed": 0}
     failures: List[str] = []
     audio_seconds, started = 0.0, time.perf_counter()
     bar = tqdm(total=len(files), unit="file", disable=len(files) < 2, file=sys.stderr)
     try:
-        for result in transcribe_found(files, args.output_dir, formats, model, args.jobs, **options):
+        for result in results:
             counts[result.status] += 1
             audio_seconds += result.audio_seconds
             if result.status == "failed":
@@ -139,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
                 refresh=False,
             )
             bar.update(1)
+    except CollectionError as error:  # --ray: Ray missing, or the cluster does not answer
+        bar.close()
+        print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         bar.close()
         print(
@@ -207,22 +235,27 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _model_options(args: argparse.Namespace) -> dict:
+    """``FlashWhisperModel``'s arguments from the flags."""
+    return dict(
+        model_size_or_path=args.model,
+        device=args.device,
+        compute_type=args.compute_type,
+        cpu_threads=args.threads,
+        num_workers=args.jobs if args.ray is None else 1,
+        near_exact=args.near_exact,
+        stock_engine=args.stock_engine,
+        drafter=args.drafter,
+    )
+
+
 def _transcription_model(args: argparse.Namespace):
     """The model ``transcribe`` decodes with; False (the reason printed) where it cannot be built."""
     from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
     from ct2_flash.whisper_model import FlashWhisperModel
 
     try:
-        return FlashWhisperModel(
-            args.model,
-            device=args.device,
-            compute_type=args.compute_type,
-            cpu_threads=args.threads,
-            num_workers=args.jobs,
-            near_exact=args.near_exact,
-            stock_engine=args.stock_engine,
-            drafter=args.drafter,
-        )
+        return FlashWhisperModel(**_model_options(args))
     except (CheckpointError, DrafterMismatchError) as error:
         print(f"ct2-flash transcribe: {error}", file=sys.stderr)
     except (ValueError, RuntimeError) as error:  # CTranslate2: no such device, or a compute type it lacks
