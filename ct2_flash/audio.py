@@ -6,6 +6,9 @@ there today: NaN or infinite samples reach the int8 encoder and fail with "In
 ChooseQuantizationParams, min should be less than or equal to max"; a 2-D array fails inside
 the VAD's ONNX graph or gives a meaningless transcript; int16 samples are taken as floats 32,768
 times too loud; a truncated or non-audio file fails somewhere in PyAV.
+
+Also what the rest of the package asks of a window's audio: how many of its encoder frames hold
+audio rather than padding (``audio_frames``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import gc
 import os
 import threading
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -174,3 +177,22 @@ def young_collections() -> Iterator[None]:
                 _freezers -= 1
                 if _freezers == 0:
                     gc.unfreeze()
+
+
+def audio_frames(features) -> Optional[List[int]]:
+    """Per row of [batch, n_mels, 3000] log-mel features, the encoder frames that hold audio.
+
+    faster-whisper pads every window to 30 s with exact zeros (``pad_or_trim``), and a column
+    of real audio is never all zeros in the normalised log-mel scale, so the audio ends after
+    the last column with a non-zero value. The encoder halves the frame rate. None when the
+    features are not readable on the host (a GPU StorageView).
+    """
+    try:
+        array = np.asarray(features)
+    except (TypeError, ValueError, RuntimeError, AttributeError):  # not on the host
+        return None
+    if array.ndim != 3:
+        return None
+    columns = np.any(array != 0, axis=1)  # [batch, mel frames]
+    last = np.where(columns.any(axis=1), array.shape[2] - np.argmax(columns[:, ::-1], axis=1), 0)
+    return [int(-(-frames // 2)) for frames in last]

@@ -82,10 +82,13 @@ def write_outputs(
     Each file is written whole or not at all: every format goes to a temporary file beside its
     target first, and only when all are written do they replace their targets, so an
     interrupted run (an error, Ctrl-C, a kill) leaves no half-written output under a real name.
+    A temporary file a killed run left beside a target is removed when the target is written.
     """
     stem = stem if stem is not None else os.path.splitext(os.path.basename(audio_path))[0]
     paths = output_paths(output_dir, stem, formats)
     os.makedirs(os.path.dirname(paths[0]) if paths else output_dir, exist_ok=True)
+    for path in paths:
+        _remove_stale_partials(path)
     written = []
     try:
         for name, path in zip(formats, paths):
@@ -100,3 +103,30 @@ def write_outputs(
             if os.path.exists(partial):
                 os.remove(partial)
     return paths
+
+
+def _remove_stale_partials(path: str) -> None:
+    """Remove the temporary files beside ``path`` that processes no longer running left
+    (``.NAME.partial-PID``; a kill leaves them)."""
+    folder, prefix = os.path.dirname(path) or ".", f".{os.path.basename(path)}.partial-"
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :]
+        if pid.isdigit() and not _running(int(pid)):
+            try:
+                os.remove(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

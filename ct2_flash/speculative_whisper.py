@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 from ct2_flash.audio import check_features
-from ct2_flash.drafting.base import DecodingOptions, Drafter, audio_frames
+from ct2_flash.audio import audio_frames
+from ct2_flash.drafting.base import DecodingOptions, Drafter
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.drafting.hypothesis import HypothesisDrafter
 from ct2_flash.engines import Engines
@@ -77,7 +78,7 @@ class EncodedWindow:
 
     Attributes:
         output: the engine's encoder output: a ``RemoteEncoding`` (the worker's) or a StorageView.
-        frames: per row, the encoder frames that hold audio (``drafting.base.audio_frames``);
+        frames: per row, the encoder frames that hold audio (``audio.audio_frames``);
             None where not known (an output encoded elsewhere, features not on the host).
         fingerprint: the first second of a one-row window's features
             (``redecodes.window_fingerprint``); None for several rows, re-decodes off, or an

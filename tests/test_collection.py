@@ -273,3 +273,60 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once():
         _check_reachable(f"ray://127.0.0.1:{port}")
     with pytest.raises(CollectionError, match="not a Ray address"):
         _check_reachable("head-node")
+
+
+def test_a_killed_run_is_resumed_and_leaves_no_partial_file(tmp_path):
+    """SIGKILL while the command works through a folder, then the same command again: the
+    files finished before the kill keep their outputs untouched, the rest are done, and no
+    temporary file is left (one a kill left mid-write is removed when its target is written)."""
+    import signal
+    import time
+
+    root = tmp_path / "in"
+    root.mkdir()
+    names = ["clip01_slt", "clip02_awb", "clip03_rms", "clip04_slt", "clip05_kal16", "clip06_awb", "clip07_rms"]
+    for name in names:
+        shutil.copy(os.path.join(DATA, f"{name}.ogg"), root / f"{name}.ogg")
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "ct2_flash.cli",
+        "transcribe",
+        str(root),
+        "--output-dir",
+        str(out),
+        "--jobs",
+        "1",
+        "--output-format",
+        "all",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (out / "clip01_slt.json").exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = {p: p.stat().st_mtime_ns for p in out.glob("*.*") if not p.name.startswith(".")}
+    assert finished, "the command wrote nothing before the kill"
+    stale = out / f".clip07_rms.txt.partial-{2**22 + 7}"  # what a kill mid-write leaves (no such process)
+    stale.write_text("half a transcr")
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in finished.items())
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.{f}" for n in names for f in FORMATS)
+
+
+def test_audio_without_speech_is_an_empty_transcript_not_a_failure(float32_pair, tmp_path):
+    import wave
+
+    (tmp_path / "in").mkdir()
+    with wave.open(str(tmp_path / "in" / "silence.wav"), "wb") as stream:
+        stream.setnchannels(1)
+        stream.setsampwidth(2)
+        stream.setframerate(16000)
+        stream.writeframes(bytes(2 * 16000 * 3))
+    (result,) = transcribe_files([str(tmp_path / "in")], str(tmp_path / "out"), ("txt",), model=float32_pair.flash)
+    segments, info = float32_pair.baseline.transcribe(str(tmp_path / "in" / "silence.wav"), beam_size=1)
+    assert result.status == "done" and result.audio_seconds == pytest.approx(3.0)
+    assert (tmp_path / "out" / "silence.txt").read_text() == WRITERS["txt"](list(segments), info)

@@ -107,7 +107,7 @@ def test_an_encoded_window_carries_its_audio_and_fingerprint_to_generate(float32
     and an output encoded elsewhere is decoded as faster-whisper decodes it."""
     import ctranslate2
 
-    from ct2_flash.drafting.base import audio_frames
+    from ct2_flash.audio import audio_frames
     from ct2_flash.speculative_whisper import EncodedWindow
 
     flash = float32_pair.flash

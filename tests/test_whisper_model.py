@@ -253,7 +253,7 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
     faster-whisper adds; the transcript does not depend on it (exactness tests), only the cost."""
     from faster_whisper.audio import pad_or_trim
 
-    from ct2_flash.drafting.base import audio_frames
+    from ct2_flash.audio import audio_frames
 
     flash = float32_pair.flash
     audio = clips["clip04_slt.ogg"]

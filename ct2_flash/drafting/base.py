@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field, replace
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -296,22 +296,3 @@ def check_round_options(precision: str, precisions: Sequence[str], min_confidenc
         raise ValueError("min_confidence must be in [0, 1)")
     if threads < 1:
         raise ValueError("threads must be >= 1")
-
-
-def audio_frames(features) -> Optional[List[int]]:
-    """Per row of [batch, n_mels, 3000] log-mel features, the encoder frames that hold audio.
-
-    faster-whisper pads every window to 30 s with exact zeros (``pad_or_trim``), and a column
-    of real audio is never all zeros in the normalised log-mel scale, so the audio ends after
-    the last column with a non-zero value. The encoder halves the frame rate. None when the
-    features are not readable on the host (a GPU StorageView).
-    """
-    try:
-        array = np.asarray(features)
-    except (TypeError, ValueError, RuntimeError, AttributeError):  # not on the host
-        return None
-    if array.ndim != 3:
-        return None
-    columns = np.any(array != 0, axis=1)  # [batch, mel frames]
-    last = np.where(columns.any(axis=1), array.shape[2] - np.argmax(columns[:, ::-1], axis=1), 0)
-    return [int(-(-frames // 2)) for frames in last]

@@ -26,7 +26,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from ct2_flash.drafting.base import PADDING_FRAMES_SEEN, audio_frames
+from ct2_flash.audio import audio_frames
+from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
 
 
 def prompt_for(utterance_id: str, special) -> List[int]:

@@ -190,7 +190,7 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     from faster_whisper.audio import decode_audio
 
     from ct2_flash.benchmark.manifest import read_manifest
-    from ct2_flash.drafting.base import audio_frames
+    from ct2_flash.audio import audio_frames
     from ct2_flash.train.extract import prompt_for
 
     special = target.decoder.runtime.special
