@@ -195,7 +195,8 @@ class SpeculativeWhisper:
         standing = self.inexact_reason
         if standing is None and self._unopened_drafter is not None and self._unopened_drafter is self.decoder.drafter:
             standing = UNOPENED_DRAFTER
-        fingerprint = window.fingerprint
+        # A window encoded while re-decodes were remembered is not looked up once they are not.
+        fingerprint = window.fingerprint if self.recent is not None else None
         with self._counting:
             route = self.routes.route(
                 prompts,
@@ -241,7 +242,7 @@ class SpeculativeWhisper:
                 self.stats.generate_seconds += watch.seconds
                 self.stats.busy_calls += int(route.loop)
             route.router.record(in_loop, len(prompts), watch.seconds, tokens)
-        fingerprint = None if options.sampling else window.fingerprint
+        fingerprint = None if options.sampling or self.recent is None else window.fingerprint
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
             layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
             decoded = results[0].sequences_ids[0]
