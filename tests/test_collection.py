@@ -330,3 +330,37 @@ def test_audio_without_speech_is_an_empty_transcript_not_a_failure(float32_pair,
     segments, info = float32_pair.baseline.transcribe(str(tmp_path / "in" / "silence.wav"), beam_size=1)
     assert result.status == "done" and result.audio_seconds == pytest.approx(3.0)
     assert (tmp_path / "out" / "silence.txt").read_text() == WRITERS["txt"](list(segments), info)
+
+
+def test_transcribe_options_are_flags_of_faster_whispers_names():
+    """Flags given reach transcribe() under faster-whisper's names; flags not given leave its
+    defaults (they are not passed)."""
+    import argparse
+    import inspect
+
+    from faster_whisper import WhisperModel
+
+    from ct2_flash.cli import transcribe
+
+    parser = argparse.ArgumentParser()
+    transcribe.add_parser(parser.add_subparsers(dest="command"))
+    given = ["x.wav", "--temperature", "0", "--no-condition-on-previous-text", "--best-of", "3"]
+    given += ["--without-timestamps", "--no-suppress-blank", "--hotwords", "ct2", "--log-prob-threshold", "-0.5"]
+    options = transcribe._transcribe_options(parser.parse_args(["transcribe", *given]))
+    assert options == dict(
+        beam_size=1,
+        language=None,
+        word_timestamps=False,
+        vad_filter=False,
+        temperature=0.0,
+        condition_on_previous_text=False,
+        best_of=3,
+        without_timestamps=True,
+        suppress_blank=False,
+        hotwords="ct2",
+        log_prob_threshold=-0.5,
+    )
+    names = set(inspect.signature(WhisperModel.transcribe).parameters)
+    assert {name for name, _ in transcribe.MORE_OPTIONS} <= names
+    plain = transcribe._transcribe_options(parser.parse_args(["transcribe", "x.wav"]))
+    assert plain == dict(beam_size=1, language=None, word_timestamps=False, vad_filter=False)

@@ -9,6 +9,29 @@ import time
 from typing import List
 
 
+# More of faster-whisper's transcribe() options, as flags of the same names (dashes for
+# underscores), passed only where given.
+MORE_OPTIONS = (
+    ("task", str),
+    ("best_of", int),
+    ("patience", float),
+    ("length_penalty", float),
+    ("repetition_penalty", float),
+    ("no_repeat_ngram_size", int),
+    ("compression_ratio_threshold", float),
+    ("log_prob_threshold", float),
+    ("no_speech_threshold", float),
+    ("prompt_reset_on_temperature", float),
+    ("prefix", str),
+    ("suppress_blank", bool),
+    ("without_timestamps", bool),
+    ("max_initial_timestamp", float),
+    ("max_new_tokens", int),
+    ("hallucination_silence_threshold", float),
+    ("hotwords", str),
+)
+
+
 def add_parser(commands) -> argparse.ArgumentParser:
     """The ``transcribe`` subcommand's arguments."""
     transcribe = commands.add_parser(
@@ -70,6 +93,19 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="transcribe()'s condition_on_previous_text (default: faster-whisper's, on)",
     )
     transcribe.add_argument("--initial-prompt", default=None, help="transcribe()'s initial_prompt")
+    for name, kind in MORE_OPTIONS:
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:
+            transcribe.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"transcribe()'s {name} (default: faster-whisper's)",
+            )
+        else:
+            transcribe.add_argument(
+                flag, type=kind, default=None, help=f"transcribe()'s {name} (default: faster-whisper's)"
+            )
     transcribe.add_argument(
         "--ray",
         nargs="?",
@@ -214,6 +250,9 @@ def _transcribe_options(args: argparse.Namespace) -> dict:
         options["condition_on_previous_text"] = args.condition_on_previous_text
     if args.initial_prompt is not None:
         options["initial_prompt"] = args.initial_prompt
+    for name, _ in MORE_OPTIONS:
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     return options
 
 
