@@ -51,6 +51,7 @@ from ct2_flash.benchmark.clients import (
     post_transcription,
     server,
     server_config,
+    wyoming_program,
     wyoming_transcript,
 )
 from ct2_flash.benchmark.manifest import read_manifest
@@ -103,25 +104,7 @@ def run_server(
 ) -> dict:
     port = free_port()
     if client == "wyoming-faster-whisper":
-        program = [
-            os.path.join(BIN, client),
-            "--uri",
-            f"tcp://127.0.0.1:{port}",
-            "--model",
-            model,
-            "--data-dir",
-            os.path.join(work, "data"),
-            "--stt-library",
-            "faster-whisper",
-            "--compute-type",
-            compute_type,
-            "--beam-size",
-            "1",
-            "--cpu-threads",
-            str(threads),
-            "--language",
-            "en",
-        ]
+        program = wyoming_program(port, model, os.path.join(work, "data"), compute_type, threads)
         ask: Callable[[str], object] = functools.partial(wyoming_transcript, port)
     else:
         config = server_config(os.path.join(work, "config.yaml"), model, compute_type, threads)

@@ -181,11 +181,13 @@ def check_output_folder(output_dir: str) -> None:
 
 def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str]) -> List[AudioFile]:
     """The files that lack one of their outputs (what a run transcribes; the rest it skips)."""
-    return [
-        audio
-        for audio in files
-        if not all(os.path.isfile(path) for path in output_paths(output_dir, audio.stem, formats))
-    ]
+    return [audio for audio in files if _skipped(audio, output_dir, formats) is None]
+
+
+def _skipped(audio: AudioFile, output_dir: str, formats: Sequence[str]) -> Optional[FileResult]:
+    """``audio``'s result when all its outputs exist (it is skipped), else None."""
+    outputs = output_paths(output_dir, audio.stem, formats)
+    return FileResult(audio.path, "skipped", outputs) if all(os.path.isfile(path) for path in outputs) else None
 
 
 def usable_cores() -> int:
@@ -254,9 +256,9 @@ def transcribe_found(
     transcribe_options.setdefault("beam_size", 1)
     if jobs == 1:
         for audio in files:
-            outputs = output_paths(output_dir, audio.stem, formats)
-            if all(os.path.isfile(path) for path in outputs):
-                yield FileResult(audio.path, "skipped", outputs)
+            skipped = _skipped(audio, output_dir, formats)
+            if skipped is not None:
+                yield skipped
                 continue
             model = model or _default_model(jobs)
             yield _transcribe_one(model, audio, output_dir, formats, transcribe_options)
@@ -265,9 +267,9 @@ def transcribe_found(
         running: Set[Future] = set()
         try:
             for audio in files:
-                outputs = output_paths(output_dir, audio.stem, formats)
-                if all(os.path.isfile(path) for path in outputs):
-                    yield FileResult(audio.path, "skipped", outputs)
+                skipped = _skipped(audio, output_dir, formats)
+                if skipped is not None:
+                    yield skipped
                     continue
                 model = model or _default_model(jobs)
                 running.add(pool.submit(_transcribe_one, model, audio, output_dir, formats, transcribe_options))
@@ -344,10 +346,13 @@ def transcribe_on_ray(
         import ray
     except ImportError:
         raise CollectionError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
-    todo = pending(files, output_dir, formats)
-    for audio in files:
-        if audio not in todo:
-            yield FileResult(audio.path, "skipped", output_paths(output_dir, audio.stem, formats))
+    todo = []
+    for audio in files:  # one look at each file's outputs (a list lookup per file was quadratic)
+        skipped = _skipped(audio, output_dir, formats)
+        if skipped is None:
+            todo.append(audio)
+        else:
+            yield skipped
     if not todo:
         return
     if not ray.is_initialized():

@@ -24,6 +24,7 @@ from ct2_flash.benchmark.clients import (
     post_transcription,
     server,
     server_config,
+    wyoming_program,
     wyoming_transcript,
 )
 
@@ -109,25 +110,7 @@ def test_wyoming_faster_whisper_sends_the_same_transcripts(tmp_path, model_path,
     transcripts = {}
     for system in ("plain", "flash"):
         port = free_port()
-        program = [
-            os.path.join(BIN, "wyoming-faster-whisper"),
-            "--uri",
-            f"tcp://127.0.0.1:{port}",
-            "--model",
-            model_path,
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--stt-library",
-            "faster-whisper",
-            "--compute-type",
-            compute_type,
-            "--beam-size",
-            "1",
-            "--cpu-threads",
-            "2",
-            "--language",
-            "en",
-        ]
+        program = wyoming_program(port, model_path, str(tmp_path / "data"), compute_type, 2)
         argv, environment = command(system, program, str(tmp_path / "stats.json"))
         with server(argv, environment, port, str(tmp_path / f"{system}.log")):
             transcripts[system] = [wyoming_transcript(port, path) for path in CLIPS]

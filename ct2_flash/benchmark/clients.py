@@ -139,6 +139,32 @@ def post_transcription(port: int, path: str, timeout: float = 300, fields: Optio
         return json.loads(response.read())
 
 
+def wyoming_program(
+    port: int, model: str, data_dir: str, compute_type: str, threads: int, language: str = "en"
+) -> List[str]:
+    """The command line of a wyoming-faster-whisper server on ``port`` serving ``model``
+    greedily (``--beam-size 1``) with faster-whisper."""
+    return [
+        os.path.join(BIN, "wyoming-faster-whisper"),
+        "--uri",
+        f"tcp://127.0.0.1:{port}",
+        "--model",
+        model,
+        "--data-dir",
+        data_dir,
+        "--stt-library",
+        "faster-whisper",
+        "--compute-type",
+        compute_type,
+        "--beam-size",
+        "1",
+        "--cpu-threads",
+        str(threads),
+        "--language",
+        language,
+    ]
+
+
 def server_config(path: str, model: str, compute_type: str, threads: int, language: str = "en") -> str:
     """A faster-whisper-server ``--config`` file (YAML reads JSON) serving ``model`` greedily
     as ``whisper-1``; returns ``path``."""

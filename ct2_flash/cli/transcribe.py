@@ -9,9 +9,11 @@ import time
 from typing import List
 
 
-# More of faster-whisper's transcribe() options, as flags of the same names (dashes for
-# underscores), passed only where given.
+# faster-whisper's transcribe() options as flags of the same names (dashes for underscores),
+# passed only where given (--temperature, which takes a list, and the flags above them aside).
 MORE_OPTIONS = (
+    ("condition_on_previous_text", bool),
+    ("initial_prompt", str),
     ("task", str),
     ("best_of", int),
     ("patience", float),
@@ -86,26 +88,13 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="transcribe()'s temperature: one value (0: greedy, no fallback), or the fallback "
         "list (default: faster-whisper's, 0.0 to 1.0 by 0.2)",
     )
-    transcribe.add_argument(
-        "--condition-on-previous-text",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="transcribe()'s condition_on_previous_text (default: faster-whisper's, on)",
-    )
-    transcribe.add_argument("--initial-prompt", default=None, help="transcribe()'s initial_prompt")
     for name, kind in MORE_OPTIONS:
-        flag = f"--{name.replace('_', '-')}"
-        if kind is bool:
-            transcribe.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"transcribe()'s {name} (default: faster-whisper's)",
-            )
-        else:
-            transcribe.add_argument(
-                flag, type=kind, default=None, help=f"transcribe()'s {name} (default: faster-whisper's)"
-            )
+        transcribe.add_argument(
+            f"--{name.replace('_', '-')}",
+            **(dict(action=argparse.BooleanOptionalAction) if kind is bool else dict(type=kind)),
+            default=None,
+            help=f"transcribe()'s {name} (default: faster-whisper's)",
+        )
     transcribe.add_argument(
         "--ray",
         nargs="?",
@@ -246,10 +235,6 @@ def _transcribe_options(args: argparse.Namespace) -> dict:
     )
     if args.temperature is not None:
         options["temperature"] = args.temperature[0] if len(args.temperature) == 1 else tuple(args.temperature)
-    if args.condition_on_previous_text is not None:
-        options["condition_on_previous_text"] = args.condition_on_previous_text
-    if args.initial_prompt is not None:
-        options["initial_prompt"] = args.initial_prompt
     for name, _ in MORE_OPTIONS:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
