@@ -12,8 +12,7 @@ before faster_whisper, as ct2-flash imports it, without PyTorch. ``ct2-flash hoo
 deletes the file. The hook is opt-in twice (the file, then the variable) because a ``.pth``
 line runs in every program of the environment, pip included.
 
-``CT2_FLASH_DRAFTER`` and ``CT2_FLASH_NUM_DRAFT_TOKENS`` set ``install()``'s options;
-``CT2_FLASH_STATS=FILE`` writes the models' counters at exit, as ``ct2-flash run --stats``.
+What it does then is ``ct2_flash.dropin.hook`` (the options it reads from the environment).
 
 This is a top-level module, not part of the ``ct2_flash`` package, because importing the
 package loads the runtime, which a ``.pth`` line must not do.
@@ -49,19 +48,9 @@ def activate() -> None:
 
 
 def _install() -> None:
-    import ct2_flash.dropin as dropin
-    from ct2_flash import run_program
+    from ct2_flash.dropin.hook import install_from_environment
 
-    tokens = os.environ.get("CT2_FLASH_NUM_DRAFT_TOKENS")
-    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    dropin.install(
-        drafter=os.environ.get("CT2_FLASH_DRAFTER") or None,
-        num_draft_tokens=int(tokens) if tokens else 8,
-        program=program,
-    )
-    stats = os.environ.get("CT2_FLASH_STATS")
-    if stats:
-        run_program.write_stats_at_exit(stats, program or "python")
+    install_from_environment()
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -42,7 +42,7 @@ from typing import Callable, Dict, List
 
 from ct2_flash.benchmark.scripts import machine, save_figure, timed, write_result
 
-from ct2_flash.audio import SAMPLE_AUDIO
+from ct2_flash.adapter.audio import SAMPLE_AUDIO
 from ct2_flash.benchmark.clients import (
     BIN,
     SYSTEMS,

@@ -47,7 +47,7 @@ import ctranslate2
 from ct2_flash import BatchedInferencePipeline, FlashWhisperModel, resolve_model
 from ct2_flash.benchmark.measure import measure
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS
-from ct2_flash.routing import CallRouter
+from ct2_flash.adapter.routing import CallRouter
 from faster_whisper import BatchedInferencePipeline as FasterBatched
 from faster_whisper import WhisperModel
 

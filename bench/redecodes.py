@@ -35,7 +35,7 @@ import numpy as np
 from ct2_flash.benchmark.scripts import TEST_CLIPS, save_figure, write_result
 
 from ct2_flash.benchmark.stock import STOCK_SYSTEMS
-from ct2_flash.runtime.stats import OFFERED_ENDS
+from ct2_flash.loop.stats import OFFERED_ENDS
 
 RATE = 16000
 SYSTEMS = ("same", "flash", *STOCK_SYSTEMS)

@@ -100,7 +100,7 @@ _FLASH_MODELS: "weakref.WeakSet[FlashWhisperModel]" = weakref.WeakSet()
 _make_flash = FlashWhisperModel.__init__
 
 
-@functools.wraps(_make_flash)  # keeps the signature, which ct2_flash.dropin reads
+@functools.wraps(_make_flash)  # keeps the signature, which ct2_flash.dropin.swap reads
 def _registered(self, *args, **kwargs):
     _make_flash(self, *args, **kwargs)
     _FLASH_MODELS.add(self)

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.runtime.acceptance import Draft, GreedyAcceptance, Guard, draw, greedy_accept, sample_accept
-from ct2_flash.runtime.logit_rules import LogitRules, SpecialTokens
+from ct2_flash.loop.acceptance import Draft, GreedyAcceptance, Guard, draw, greedy_accept, sample_accept
+from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens
 
 EOT = 50256
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from faster_whisper import decode_audio
 
-from ct2_flash.audio import checked_audio, young_collections
+from ct2_flash.adapter.audio import checked_audio, young_collections
 
 from .conftest import CLIP_PATHS
 

@@ -66,7 +66,7 @@ def test_pyav_errors_of_the_os_family_stay_what_they_are():
     PyAV's OSError family is raised as faster-whisper raises it, our text added as a note."""
     import av
 
-    from ct2_flash.audio import readable_error
+    from ct2_flash.adapter.audio import readable_error
 
     error = av.error.BrokenPipeError(32, "Broken pipe", "f.ogg")
     assert readable_error(error, "cannot read audio 'f.ogg'") is error

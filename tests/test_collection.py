@@ -1,4 +1,4 @@
-"""Whole collections (``ct2_flash.collection``, ``ct2-flash transcribe`` over folders): what is
+"""Whole collections (``ct2_flash.jobs.collection``, ``ct2-flash transcribe`` over folders): what is
 found, what is skipped on a rerun, what a bad file does, and that nothing half-written is left."""
 
 import os
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from ct2_flash.collection import CollectionError, FileResult, find_audio, transcribe_files
-from ct2_flash.outputs import FORMATS, WRITERS
+from ct2_flash.jobs.collection import CollectionError, FileResult, find_audio, transcribe_files
+from ct2_flash.jobs.outputs import FORMATS, WRITERS
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -124,7 +124,7 @@ def test_a_rerun_skips_finished_files_and_redoes_the_rest(float32_pair, tmp_path
 
 
 def test_an_output_half_written_is_never_left_under_its_name(tmp_path, monkeypatch):
-    from ct2_flash import outputs
+    from ct2_flash.jobs import outputs
 
     def failing(segments, info):
         raise OSError(28, "No space left on device")
@@ -209,7 +209,7 @@ def test_two_jobs_write_what_one_job_writes(model_path, tmp_path):
     ],
 )
 def test_the_default_layout_is_a_job_per_core(files, jobs, threads, cores, layout):
-    from ct2_flash.collection import default_layout
+    from ct2_flash.jobs.collection import default_layout
 
     assert default_layout(files, jobs, threads, cores) == layout
 
@@ -217,7 +217,7 @@ def test_the_default_layout_is_a_job_per_core(files, jobs, threads, cores, layou
 def test_without_ray_the_ray_option_says_how_to_get_it(tmp_path, monkeypatch):
     import builtins
 
-    from ct2_flash.collection import transcribe_on_ray
+    from ct2_flash.jobs.collection import transcribe_on_ray
 
     real_import = builtins.__import__
 
@@ -239,7 +239,7 @@ def test_a_collection_on_a_local_ray_instance_writes_what_one_machine_writes(mod
     instance): the same outputs and failures as the single-machine run, and a rerun skips."""
     ray = pytest.importorskip("ray")
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.collection import transcribe_on_ray
+    from ct2_flash.jobs.collection import transcribe_on_ray
 
     root = _collection(tmp_path / "in")
     model = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=1)
@@ -262,7 +262,7 @@ def test_a_collection_on_a_local_ray_instance_writes_what_one_machine_writes(mod
 def test_a_ray_address_that_does_not_answer_is_refused_at_once():
     import socket
 
-    from ct2_flash.collection import _check_reachable
+    from ct2_flash.jobs.collection import _check_reachable
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

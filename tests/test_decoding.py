@@ -9,11 +9,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pytest
 
-from ct2_flash.runtime.decoding import SpeculativeDecoder
+from ct2_flash.loop.decoding import SpeculativeDecoder
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
-from ct2_flash.runtime.logit_rules import SpecialTokens
-from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import PrefillResult
+from ct2_flash.loop.logit_rules import SpecialTokens
+from ct2_flash.loop.stats import SpecStats
+from ct2_flash.loop.target import PrefillResult
 
 SPECIAL = SpecialTokens(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, vocab_size=51864)
 PROMPT = [SPECIAL.sot, SPECIAL.no_timestamps]
@@ -186,7 +186,7 @@ def test_cache_always_one_behind_the_text():
 
 
 def test_draft_pause_stops_only_when_drafting_is_slower_than_plain_steps():
-    from ct2_flash.runtime.draft_pause import STEP_OVER_VERIFY, DraftPause
+    from ct2_flash.loop.draft_pause import STEP_OVER_VERIFY, DraftPause
 
     # Rounds of 10 ms verification, 1 ms bookkeeping: a plain step would cost 0.55 * 10 + 1 ms.
     plain = STEP_OVER_VERIFY * 0.010 + 0.001
@@ -212,7 +212,7 @@ def test_draft_pause_stops_only_when_drafting_is_slower_than_plain_steps():
 
 
 def test_stopped_drafting_is_probed_again_with_the_plain_steps_states(monkeypatch):
-    from ct2_flash.runtime import draft_pause
+    from ct2_flash.loop import draft_pause
 
     verdicts = iter([False, True, True, True])  # the first pause says stop, later ones go on
     monkeypatch.setattr(draft_pause.DraftPause, "pays", lambda self, step_seconds=None: next(verdicts))
@@ -320,8 +320,8 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
 def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(monkeypatch, prefixes):
     """Only a drafter whose short proposals are prefixes of long ones (and cheaper) is asked for
     fewer than K; the others compute their K rows whatever the policy would choose."""
-    from ct2_flash.runtime import draft_pause
-    from ct2_flash.runtime.draft_lengths import DraftLengths
+    from ct2_flash.loop import draft_pause
+    from ct2_flash.loop.draft_lengths import DraftLengths
 
     monkeypatch.setattr(draft_pause.DraftPause, "pays", lambda self, step_seconds=None: True)
     monkeypatch.setattr(DraftLengths, "rows", lambda self, limit: min(limit, 2))

@@ -15,10 +15,10 @@ import faster_whisper.transcribe
 import pytest
 
 import ct2_flash
-from ct2_flash import dropin
-from ct2_flash.dropin import DropInWhisperModel, resolve_like_faster_whisper
+from ct2_flash.dropin import swap as dropin
+from ct2_flash.dropin.swap import DropInWhisperModel, resolve_like_faster_whisper
 from ct2_flash.engine.models import UnknownModelError
-from ct2_flash.run_program import ProgramError, find_program
+from ct2_flash.dropin.run import ProgramError, find_program
 
 from .conftest import CLIP_PATHS, THREADS, segments_of
 
@@ -50,7 +50,7 @@ def test_install_redirects_every_lookup_and_uninstall_restores_them(installed):
         assert early.WhisperModel is DropInWhisperModel and early.other == 3
         assert faster_whisper.BatchedInferencePipeline is ct2_flash.BatchedInferencePipeline
         # ct2-flash's own modules keep faster-whisper's class: they build on it.
-        assert ct2_flash.whisper_model.WhisperModel is original
+        assert ct2_flash.adapter.whisper_model.WhisperModel is original
         dropin.uninstall()
         assert not dropin.installed()
         assert faster_whisper.WhisperModel is original and faster_whisper.transcribe.WhisperModel is original
@@ -195,7 +195,7 @@ def test_run_passes_arguments_streams_and_exit_code(tmp_path):
     program.write_text(PROGRAM)
     done = _run(["--", str(program), "plain", "7"], input="from stdin\n")
     assert done.returncode == 7, done.stderr
-    assert done.stdout == "ct2_flash.dropin True False ['plain', '7']\nFROM STDIN\n"  # False: no PyTorch import
+    assert done.stdout == "ct2_flash.dropin.swap True False ['plain', '7']\nFROM STDIN\n"  # False: no PyTorch import
     failed = _run(["--", str(program), "fail"], input="")
     assert failed.returncode == 1
     assert "RuntimeError: the program's own error" in failed.stderr and "runpy" not in failed.stderr
@@ -208,7 +208,7 @@ def test_run_as_module_writes_stats(tmp_path):
     stats = tmp_path / "stats.json"
     done = _run(["--stats", str(stats), "--", "-m", "client_module", "decode", CLIP_PATHS[0]], input="", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("ct2_flash.dropin True False ['decode'")
+    assert done.stdout.startswith("ct2_flash.dropin.swap True False ['decode'")
     report = json.loads(stats.read_text())
     assert report["program"] == "client_module" and len(report["models"]) == 1
     assert report["speculative_rows"] + report["generate_rows"] == 1
@@ -223,7 +223,7 @@ def test_the_environment_hook_redirects_only_with_the_variable(tmp_path):
         "import faster_whisper; print(faster_whisper.WhisperModel.__module__, 'torch' in sys.modules)\n"
     )
     for value, expected in (
-        ("1", "ct2_flash.dropin"),
+        ("1", "ct2_flash.dropin.swap"),
         ("0", "faster_whisper.transcribe"),
         (None, "faster_whisper.transcribe"),
     ):
@@ -239,6 +239,6 @@ def test_the_environment_hook_redirects_only_with_the_variable(tmp_path):
     env = dict(os.environ, CT2_FLASH="1")
     first = code.replace("import faster_whisper;", "import ct2_flash, faster_whisper;")
     done = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env, timeout=120)
-    assert done.stdout.split() == ["ct2_flash.dropin", "False"], done.stderr
+    assert done.stdout.split() == ["ct2_flash.dropin.swap", "False"], done.stderr
     subprocess.run([CT2_FLASH, "hook", "remove", "--site-packages", str(site)], check=True, capture_output=True)
     assert not list(site.iterdir())

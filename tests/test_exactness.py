@@ -29,7 +29,7 @@ import pytest
 from ct2_flash import FlashWhisperModel, load_drafter
 from ct2_flash.drafting.base import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
-from ct2_flash.routing import CallRouter
+from ct2_flash.adapter.routing import CallRouter
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
@@ -208,7 +208,7 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
 def test_the_loop_runs_on_a_gpu_only_when_opted_in():
     """The guard margin and the row scores follow CTranslate2's CPU kernels, so on a GPU even
     float32 sends every call to generate() unless ``near_exact`` opts in (docs/usage.md)."""
-    from ct2_flash.whisper_model import inexact_reason
+    from ct2_flash.adapter.whisper_model import inexact_reason
 
     assert inexact_reason("float32", False) is None and inexact_reason("float32", False, "cpu") is None
     assert "cuda" in inexact_reason("float32", False, "cuda") and "cuda" in inexact_reason("float16", False, "cuda")

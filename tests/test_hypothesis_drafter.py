@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ct2_flash.drafting.base import DecodingOptions, DraftWindow, Drafter, Proposal
-from ct2_flash.drafting.hypothesis import HypothesisDrafter, realign, repeated
+from ct2_flash.redecodes.hypothesis import HypothesisDrafter, realign, repeated
 
 TS = 1000  # the first timestamp id in these tables; words are small ids
 
@@ -123,7 +123,7 @@ def _features(seed, frames=3000, floor=-0.8):
 
 
 def test_a_window_is_found_again_by_its_first_second_of_audio():
-    from ct2_flash.redecodes import Fingerprint, RecentWindows
+    from ct2_flash.redecodes.memory import Fingerprint, RecentWindows
 
     windows = RecentWindows()
     first = _features(0)
@@ -142,7 +142,7 @@ def test_a_window_is_found_again_by_its_first_second_of_audio():
 def test_recent_windows_are_bounded_per_thread_and_replaced_by_the_same_audio():
     import threading
 
-    from ct2_flash.redecodes import Fingerprint, RecentWindows
+    from ct2_flash.redecodes.memory import Fingerprint, RecentWindows
 
     windows = RecentWindows(size=2)
     prints = [Fingerprint.of(_features(seed)) for seed in range(3)]

@@ -4,48 +4,33 @@ function-local imports included, and no module reaches for another layer's priva
 import ast
 import os
 
-import ct2_flash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Bottom to top. A module may import from its own layer or any layer below it.
+# Bottom to top, by folder. A module may import from its own layer or any layer below it.
 LAYERS = [
     ("engine", "stock"),  # the CTranslate2 runtimes (patched here, stock in a worker) and model files
-    ("drafting",),  # drafters: interface, files, ONNX round, PyTorch network
-    ("runtime",),  # target sequence, logit rules, acceptance, the loop
-    (
-        "audio",
-        "routing",
-        "engines",
-        "redecodes",
-        "thread_split",
-        "speculative_whisper",
-        "whisper_model",
-        "streaming",
-        "dropin",
-        "run_program",
-    ),  # the faster-whisper adapter (thread_split times the loop's pass with runtime.clock)
-    ("validation",),  # reference drafters, exactness comparisons, fuzzing
+    ("drafting",),  # drafters: interface, files, ONNX round, PyTorch network, the kinds a name loads
+    ("loop", "redecodes"),  # the decode loop; re-decodes (window memory, the hypothesis drafter)
+    ("adapter",),  # the faster-whisper adapter: model classes, proxy, routes, engines, audio checks
+    ("dropin", "validation", "jobs"),  # drop-in, reference drafters, collections/outputs/streaming
     ("benchmark", "train", "converters"),
-    ("cli", "outputs", "collection", "__init__"),  # the command line, the transcript files it writes, whole collections
+    ("cli", "__init__"),  # the command line; the package's public names
 ]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
+PACKAGE = os.path.join(ROOT, "ct2_flash")
 
 
 def package_files():
-    for folder, package in (
-        (os.path.join(ROOT, "ct2_flash"), "ct2_flash"),
-        (os.path.join(ROOT, "converters"), "ct2_flash.converters"),
-    ):
-        for directory, _, files in os.walk(folder):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(directory, name)
-                    relative = os.path.relpath(path, folder)[:-3].replace(os.sep, ".")
-                    yield path, f"{package}.{relative}".replace(".__init__", "") if relative != "__init__" else package
+    for directory, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                relative = os.path.relpath(path, PACKAGE)[:-3].replace(os.sep, ".")
+                yield path, f"ct2_flash.{relative}".replace(".__init__", "") if relative != "__init__" else "ct2_flash"
 
 
 def part_of(module: str) -> str:
-    """ct2_flash.runtime.decoding -> runtime; ct2_flash.whisper_model -> whisper_model."""
+    """ct2_flash.loop.decoding -> runtime; ct2_flash.adapter.whisper_model -> whisper_model."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -96,9 +81,19 @@ def test_every_module_is_listed_in_the_layout_doc():
     assert not missing, missing
 
 
-def test_the_package_imports_no_top_level_converters():
-    import ct2_flash.converters as converters
-
-    assert converters.__name__ == "ct2_flash.converters"
-    assert os.path.dirname(converters.__file__) == os.path.join(ROOT, "converters")
-    assert ct2_flash.__file__.startswith(os.path.join(ROOT, "ct2_flash"))
+def test_every_module_lives_in_a_folder_of_a_layer():
+    """The package's top level holds only ``__init__.py``; every folder with Python files is a
+    subpackage (an ``__init__.py``, so that installing finds it) named in ``LAYERS``, and every
+    folder named there exists."""
+    top = sorted(name for name in os.listdir(PACKAGE) if name.endswith(".py"))
+    assert top == ["__init__.py"], top
+    folders = set()
+    for directory, _, files in os.walk(PACKAGE):
+        if "__pycache__" in directory or not any(name.endswith(".py") for name in files):
+            continue
+        relative = os.path.relpath(directory, PACKAGE)
+        if relative == ".":
+            continue
+        assert "__init__.py" in files, f"ct2_flash/{relative} has Python files but no __init__.py"
+        folders.add(relative.split(os.sep)[0])
+    assert folders == set(LAYER_OF) - {"__init__"}, folders ^ (set(LAYER_OF) - {"__init__"})

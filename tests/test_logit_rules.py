@@ -65,11 +65,11 @@ def test_disabled_tokens_match_ctranslate2(float32_pair, windows, name, options)
 
 # The vectorized block rules against the per-row reference.
 
-from ct2_flash.runtime.logit_rules import FIRST_ROWS, LogitRules, SpecialTokens  # noqa: E402
+from ct2_flash.loop.logit_rules import FIRST_ROWS, LogitRules, SpecialTokens  # noqa: E402
 
 SMALL = SpecialTokens(eot=50, sot=51, sot_prev=52, no_speech=53, no_timestamps=54, vocab_size=80)
 TS = SMALL.timestamp_begin  # 55 .. 79 are timestamps
-# The block scores rows with a vectorised exp, as CTranslate2 does (ct2_flash/runtime/row_scores.py):
+# The block scores rows with a vectorised exp, as CTranslate2 does (ct2_flash/loop/row_scores.py):
 # up to ~7e-5 from the exact arithmetic of the per-row reference on 51,864-column rows.
 SCORE_TOLERANCE = 1e-4
 

@@ -107,8 +107,8 @@ def test_an_encoded_window_carries_its_audio_and_fingerprint_to_generate(float32
     and an output encoded elsewhere is decoded as faster-whisper decodes it."""
     import ctranslate2
 
-    from ct2_flash.audio import audio_frames
-    from ct2_flash.speculative_whisper import EncodedWindow
+    from ct2_flash.adapter.audio import audio_frames
+    from ct2_flash.adapter.speculative_whisper import EncodedWindow
 
     flash = float32_pair.flash
     speculative = flash.model
@@ -137,14 +137,14 @@ def test_an_encoded_window_carries_its_audio_and_fingerprint_to_generate(float32
 
 
 def test_remembered_tokens_keep_the_end_of_text_only_where_the_decode_ended():
-    from ct2_flash.redecodes import remembered_tokens
+    from ct2_flash.redecodes.memory import remembered_tokens
 
     assert remembered_tokens([5, 6], True, 99) == (5, 6, 99)
     assert remembered_tokens(np.array([5, 6]), False, 99) == (5, 6)
 
 
 def test_only_a_one_row_batch_on_the_host_has_a_fingerprint():
-    from ct2_flash.redecodes import window_fingerprint
+    from ct2_flash.redecodes.memory import window_fingerprint
 
     assert window_fingerprint(np.zeros((1, 80, 3000), np.float32)) is not None
     assert window_fingerprint(np.zeros((2, 80, 3000), np.float32)) is None
@@ -165,7 +165,7 @@ LOOPING_PROMPT = (
 
 def _routed_to_generate(monkeypatch, flash):
     """Every greedy call goes to generate() first (a fresh router, no re-decodes)."""
-    from ct2_flash.routing import CallRouter
+    from ct2_flash.adapter.routing import CallRouter
 
     monkeypatch.setattr(flash.model, "recent", None)
     monkeypatch.setattr(flash.model.routes, "greedy", CallRouter())
@@ -180,7 +180,7 @@ def _with_scores(model, audio, **options):
 def test_a_decode_stopped_early_is_finished_in_the_loop_exactly(float32_pair, clips, monkeypatch):
     """With the cap at 4 tokens every window is stopped and finished in the loop: the same
     segments, words and scores as faster-whisper's."""
-    from ct2_flash import speculative_whisper
+    from ct2_flash.adapter import speculative_whisper
 
     flash = float32_pair.flash
     _routed_to_generate(monkeypatch, flash)

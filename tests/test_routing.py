@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.runtime.draft_lengths import DraftLengths
-from ct2_flash.routing import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, CallRouter, RedecodeRouters
+from ct2_flash.loop.draft_lengths import DraftLengths
+from ct2_flash.adapter.routing import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, CallRouter, RedecodeRouters
 
 from ct2_flash import FlashWhisperModel
 
@@ -315,14 +315,14 @@ def test_re_decodes_are_routed_by_the_length_of_their_previous_hypothesis():
     ],
 )
 def test_a_call_the_loop_cannot_run_is_routed_with_its_reason(options, prompts, reason):
-    from ct2_flash.routing import CallRoutes
+    from ct2_flash.adapter.routing import CallRoutes
 
     route = CallRoutes().route(prompts, options, None, recall=lambda: None, ask_router=True, seeded=False)
     assert reason in route.ineligible and not route.loop and route.router is None and route.options is None
 
 
 def test_a_route_says_which_router_decides_and_whether_the_loop_runs():
-    from ct2_flash.routing import CallRoutes, inexact_reason
+    from ct2_flash.adapter.routing import CallRoutes, inexact_reason
 
     routes = CallRoutes(ForcedGenerate())
     greedy = routes.route([[50257]], dict(beam_size=1), None, recall=lambda: None, ask_router=True, seeded=False)
@@ -346,7 +346,7 @@ def test_a_route_says_which_router_decides_and_whether_the_loop_runs():
 def test_a_route_is_made_once_per_call(model_path, clips, monkeypatch):
     """Every generate() call, whichever way it goes (the loop, generate(), beam search, a
     re-decode), is routed exactly once."""
-    from ct2_flash.speculative_whisper import SpeculativeWhisper
+    from ct2_flash.adapter.speculative_whisper import SpeculativeWhisper
 
     counts = {"generate": 0, "route": 0}
 
@@ -368,7 +368,7 @@ def test_a_route_is_made_once_per_call(model_path, clips, monkeypatch):
 
 
 def test_the_former_router_keywords_still_work_and_warn(model_path):
-    from ct2_flash.routing import EngineRouter
+    from ct2_flash.adapter.routing import EngineRouter
 
     call_router, engine_router = ForcedGenerate(), EngineRouter()
     with pytest.warns(DeprecationWarning, match="call_router"):

@@ -5,8 +5,8 @@ reference of the kernel's order of operations, the ISA rule, and the committed g
 import numpy as np
 import pytest
 
-from ct2_flash.runtime import row_scores
-from ct2_flash.runtime.row_scores import LANE_WIDTHS, fold_lanes, isa_of, log_softmax_at
+from ct2_flash.loop import row_scores
+from ct2_flash.loop.row_scores import LANE_WIDTHS, fold_lanes, isa_of, log_softmax_at
 
 
 def kernel_reference(row: np.ndarray, column: int, isa: str) -> np.float32:

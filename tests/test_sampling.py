@@ -200,8 +200,8 @@ def test_drafts_drawn_from_the_drafter_obey_the_targets_rules():
     """``draw_drafts`` (``SampledAcceptance.draw_from``): q at each position is the drafter's logits over its shortlist after the
     target's rules (given the drafts before it) and temperature; the drafts follow it."""
     from ct2_flash.drafting.base import Proposal
-    from ct2_flash.runtime.acceptance import SampledAcceptance
-    from ct2_flash.runtime.logit_rules import LogitRules, SpecialTokens
+    from ct2_flash.loop.acceptance import SampledAcceptance
+    from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens
 
     special = SpecialTokens(
         eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, vocab_size=51864

@@ -16,7 +16,7 @@ from ct2_flash import FlashWhisperModel
 from ct2_flash.stock import client, protocol
 from ct2_flash.stock.allocator import find_tcmalloc, loaded_allocator
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, worker_allocator
-from ct2_flash.routing import EngineRouter
+from ct2_flash.adapter.routing import EngineRouter
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
 
 from .conftest import THREADS, segments_of

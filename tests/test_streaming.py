@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ct2_flash.benchmark.replay import replay, summary
-from ct2_flash.streaming import Agreement, OnlineProcessor, StreamOptions, Word, text_of
+from ct2_flash.jobs.streaming import Agreement, OnlineProcessor, StreamOptions, Word, text_of
 
 RATE = 16000
 

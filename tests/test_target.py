@@ -163,7 +163,7 @@ def test_token_scores_follow_ctranslate2s_own_log_softmax(float32_pair, window):
 def test_the_engine_scores_as_the_decided_isa(float32_pair, window, monkeypatch, caplog, prompt_name):
     """The check the first loop call makes: one generate() score against the loop's, the ISA
     decided from the CPU's flags kept without a warning (on this machine's engine)."""
-    from ct2_flash.runtime import row_scores
+    from ct2_flash.loop import row_scores
 
     monkeypatch.setattr(row_scores, "_decision", row_scores._Decision())
     decided = row_scores.engine_isa()
@@ -177,7 +177,7 @@ def _forcible_isas() -> list:
     """The ISAs this CPU's engine can be forced to besides its own choice: the scalar kernels
     everywhere, the 16-lane AVX-512 ones where the CPU has AVX-512 (CTranslate2 refuses them
     elsewhere, so they are not a test there, rather than a skip)."""
-    from ct2_flash.runtime import row_scores
+    from ct2_flash.loop import row_scores
 
     flags = row_scores._cpu_flags() or set()
     return ["GENERIC"] + (["AVX512"] if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= flags else [])
@@ -250,7 +250,7 @@ def test_host_arrays_view_cpu_buffers_and_copy_gpu_ones():
     the engine's buffer (no copy), from a GPU a float32 copy in host memory."""
     import ctranslate2
 
-    from ct2_flash.runtime.target import host_array, on_device_of
+    from ct2_flash.loop.target import host_array, on_device_of
 
     values = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
     cpu = ctranslate2.StorageView.from_array(values)
@@ -268,7 +268,7 @@ def test_host_arrays_view_cpu_buffers_and_copy_gpu_ones():
 @pytest.mark.parametrize("start_index", [0, 1, 3, 80, 223])
 def test_a_budget_of_n_steps_has_a_max_length(start_index):
     """``max_length_for`` inverts CTranslate2's greedy budget for any prompt length."""
-    from ct2_flash.runtime.target import PromptLayout
+    from ct2_flash.loop.target import PromptLayout
 
     layout = PromptLayout(sot_index=start_index, start_index=start_index, length=start_index + 1)
     for steps in range(1, 225):

@@ -253,7 +253,7 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
     faster-whisper adds; the transcript does not depend on it (exactness tests), only the cost."""
     from faster_whisper.audio import pad_or_trim
 
-    from ct2_flash.audio import audio_frames
+    from ct2_flash.adapter.audio import audio_frames
 
     flash = float32_pair.flash
     audio = clips["clip04_slt.ogg"]
@@ -341,7 +341,7 @@ def test_transcribe_command_writes_what_faster_whisper_segments_give(float32_pai
     from faster_whisper import decode_audio
 
     from ct2_flash.cli import main
-    from ct2_flash.outputs import WRITERS
+    from ct2_flash.jobs.outputs import WRITERS
 
     from .conftest import DATA
 

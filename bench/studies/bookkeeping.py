@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.runtime import decoding, logit_rules
+    from ct2_flash.loop import decoding, logit_rules
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.speech_sets import fetch
 

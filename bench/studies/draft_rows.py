@@ -24,7 +24,7 @@ import statistics
 
 from ct2_flash.benchmark.scripts import machine, median_ms, time_calls, write_result
 
-from ct2_flash.runtime.draft_lengths import DraftLengths
+from ct2_flash.loop.draft_lengths import DraftLengths
 
 
 def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:

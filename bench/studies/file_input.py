@@ -48,7 +48,7 @@ def main() -> None:
     from faster_whisper import WhisperModel, decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.audio import checked_audio
+    from ct2_flash.adapter.audio import checked_audio
     from ct2_flash.benchmark.analysis import paired_bootstrap
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.engine.models import resolve_model

@@ -39,7 +39,7 @@ def main() -> None:
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.routing import CallRouter
+    from ct2_flash.adapter.routing import CallRouter
 
     class LoopFirst(CallRouter):
         """The previous start: the loop's first measurement on the first call."""

@@ -25,7 +25,7 @@ from ct2_flash import FlashWhisperModel, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
 from ct2_flash.benchmark.speech_sets import fetch
-from ct2_flash.routing import EngineRouter, CallRouter
+from ct2_flash.adapter.routing import EngineRouter, CallRouter
 
 
 class NeverSpeculate(CallRouter):

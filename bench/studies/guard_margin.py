@@ -46,7 +46,7 @@ def _single_steps(runtime, encoder_output, prompt, tokens):
 
 def deviations(decoder, encoder_output, prompt, options):
     """(block position, deviation, single step's margin) for every comparable verified row."""
-    from ct2_flash.runtime.target import PromptLayout
+    from ct2_flash.loop.target import PromptLayout
 
     runtime = decoder.runtime
     calls: list = []

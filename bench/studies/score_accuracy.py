@@ -1,7 +1,7 @@
 """How close the loop's token scores are to CTranslate2's own, per engine ISA.
 
 faster-whisper decides its temperature fallback from window scores, so the loop scores rows with
-the engine's arithmetic (``ct2_flash/runtime/row_scores.py``). This measures it: on the first
+the engine's arithmetic (``ct2_flash/loop/row_scores.py``). This measures it: on the first
 30 s of committed clips (tiny.en, float32, greedy, no timestamps), per-token scores of
 ``generate()`` (from its cumulative scores at growing lengths) against the loop's (single-step
 rows through the logit rules and ``row_scores``), and against exact arithmetic (float64), with
@@ -36,7 +36,7 @@ def measure() -> dict:
 
     from ct2_flash import FlashWhisperModel
     from ct2_flash.drafting.base import DecodingOptions
-    from ct2_flash.runtime import row_scores
+    from ct2_flash.loop import row_scores
 
     flash = FlashWhisperModel("tiny.en", compute_type="float32", cpu_threads=2, stock_engine=False)
     decoder, reference = flash.decoder, flash.reference_model

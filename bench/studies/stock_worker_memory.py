@@ -23,7 +23,7 @@ from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 
 from ct2_flash import resolve_model
 from ct2_flash.engine.models import available_models
-from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
+from ct2_flash.loop.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 
 WINDOW = 3000  # mel frames: 30 s

@@ -39,7 +39,7 @@ def main() -> None:
         shortlist_from,
         train_step,
     )
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=default_data_dir())

@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ct2_flash.streaming import SAMPLE_RATE, OnlineProcessor, Word, text_of
+from ct2_flash.jobs.streaming import SAMPLE_RATE, OnlineProcessor, Word, text_of
 
 
 @dataclass(frozen=True)

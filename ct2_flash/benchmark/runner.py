@@ -34,7 +34,7 @@ from ct2_flash.benchmark.machine import machine
 from ct2_flash.benchmark.stock import STOCK_SYSTEMS, StockWorker, allocators_of, stock_systems
 from ct2_flash.benchmark.drafters import ORACLE, build_drafter
 from ct2_flash.engine.models import resolve_model
-from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS
+from ct2_flash.loop.draft_lengths import CONFIDENCE_BINS
 
 SAMPLE_RATE = 16000
 
@@ -144,7 +144,7 @@ def stock_workers(config: BenchConfig, path: str, compute_type: str, threads: in
 def _flash_model(config: BenchConfig, path: str, compute_type: str, threads: int):
     # Here, not at the top: the adapter loads faster-whisper and the engine, which reading a
     # manifest or a report does not need.
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     drafter = build_drafter(config.drafter, dict(config.drafter_options), config.model, path, compute_type, threads)
     return FlashWhisperModel(

@@ -6,7 +6,7 @@ import argparse
 import statistics
 import sys
 
-from ct2_flash.audio import SAMPLE_AUDIO
+from ct2_flash.adapter.audio import SAMPLE_AUDIO
 from ct2_flash.cli.common import read_audio
 
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from ct2_flash.benchmark.measure import measure
     from ct2_flash.benchmark.stock import local_baseline, stock_systems
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     audio = read_audio(args.audio)
     if audio is None:

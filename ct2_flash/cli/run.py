@@ -31,8 +31,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ct2_flash import dropin
-    from ct2_flash.run_program import ProgramError, find_program, run
+    from ct2_flash.dropin import swap as dropin
+    from ct2_flash.dropin.run import ProgramError, find_program, run
 
     try:
         program = find_program(args.program)

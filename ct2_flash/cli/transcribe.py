@@ -127,7 +127,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ct2_flash.collection import (
+    from ct2_flash.jobs.collection import (
         CollectionError,
         check_output_folder,
         default_layout,
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         transcribe_found,
         transcribe_on_ray,
     )
-    from ct2_flash.outputs import FORMATS
+    from ct2_flash.jobs.outputs import FORMATS
 
     formats = FORMATS if args.output_format == "all" else (args.output_format,)
     if args.beam_size < 1 or any(value is not None and value < 1 for value in (args.threads, args.jobs)):
@@ -276,7 +276,7 @@ def _model_options(args: argparse.Namespace) -> dict:
 def _transcription_model(args: argparse.Namespace):
     """The model ``transcribe`` decodes with; False (the reason printed) where it cannot be built."""
     from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     try:
         return FlashWhisperModel(**_model_options(args))

@@ -1,7 +1,7 @@
 """The Whisper-Flash draft round in ONNX Runtime: the drafter users run, without PyTorch.
 
-``ct2-flash convert-drafter`` (``converters/drafter.py``) exports a trained drafter as three
-graphs (see ``converters/graphs.py``): the window's audio keys/values, the history keys/values
+``ct2-flash convert-drafter`` (``ct2_flash/converters/drafter.py``) exports a trained drafter as three
+graphs (see ``ct2_flash/converters/graphs.py``): the window's audio keys/values, the history keys/values
 of the target states a round kept, and the block proposal. ``OnnxDrafter`` runs them on one
 intra-op thread (a round is too small to split, and CTranslate2 owns the other threads), with
 every cache allocated once per window:

@@ -150,7 +150,7 @@ def main() -> None:
 
         run = args.run or os.path.join(args.data, "runs", "main")
         destination = os.path.join(SHIPPED_DRAFTERS, args.model)
-        # float16 weights, the exported graphs and their check against PyTorch (converters/).
+        # float16 weights, the exported graphs and their check against PyTorch (ct2_flash/converters/).
         convert_drafter(os.path.join(run, "best"), destination, resolve_model(args.model), force=True)
         write_report(args.data, run, destination)
         logging.info("shipped %s as the default drafter of %s (%s)", run, args.model, destination)

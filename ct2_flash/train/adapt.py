@@ -343,7 +343,7 @@ def held_out_decodes(
     whether the tokens are the same for every drafter on the recordings every drafter decoded
     greedily (the loop makes them so); a recording where one fell back to sampling
     (faster-whisper's temperature fallback) is counted apart, as each draws its own sample."""
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     results, texts = {}, {}
     for name, drafter in drafters.items():

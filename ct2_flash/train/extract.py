@@ -26,7 +26,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ct2_flash.audio import audio_frames
+from ct2_flash.adapter.audio import audio_frames
 from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
 
 
@@ -53,7 +53,7 @@ def extract(
     """
     from tqdm import tqdm
 
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     model = FlashWhisperModel(model_name, stock_engine=False, compute_type=compute_type, cpu_threads=threads)
     runtime = model.decoder.runtime

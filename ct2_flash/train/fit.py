@@ -190,7 +190,7 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     from faster_whisper.audio import decode_audio
 
     from ct2_flash.benchmark.manifest import read_manifest
-    from ct2_flash.audio import audio_frames
+    from ct2_flash.adapter.audio import audio_frames
     from ct2_flash.train.extract import prompt_for
 
     special = target.decoder.runtime.special
@@ -645,7 +645,7 @@ def fit(
     from tqdm import tqdm
 
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     torch.set_num_threads(threads)
     model_path = resolve_model(model_name)

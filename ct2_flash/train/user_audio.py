@@ -156,7 +156,7 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
     """
     from tqdm import tqdm
 
-    from ct2_flash.audio import AudioError, checked_audio
+    from ct2_flash.adapter.audio import AudioError, checked_audio
 
     audio_dir = os.path.join(data_dir, "audio")
     os.makedirs(audio_dir, exist_ok=True)

@@ -14,9 +14,9 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ct2_flash.runtime.decoding import SpeculativeDecoder
+from ct2_flash.loop.decoding import SpeculativeDecoder
 from ct2_flash.drafting.base import DecodingOptions
-from ct2_flash.runtime.target import PromptLayout
+from ct2_flash.loop.target import PromptLayout
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any, Dict
 
-from ct2_flash.runtime.logit_rules import SpecialTokens
+from ct2_flash.loop.logit_rules import SpecialTokens
 
 
 def load_config(model_path: str) -> Dict[str, Any]:

@@ -23,7 +23,7 @@ from threadpoolctl import ThreadpoolController
 
 from ct2_flash.engine.deferred_model import load_before_timing
 from ct2_flash.engine.model_files import CT2ModelFile
-from ct2_flash.runtime.logit_rules import SpecialTokens
+from ct2_flash.loop.logit_rules import SpecialTokens
 
 # Rows of the tied embedding used to recover decoder states from logits. Any d_model
 # independent rows determine the state exactly; 1024 make the solve well conditioned at a small

@@ -25,8 +25,8 @@ import numpy as np
 
 from ct2_flash.drafting.base import one_greedy_hypothesis
 from ct2_flash.engine.deferred_model import load_before_timing
-from ct2_flash.routing import EngineRouter, produced_tokens
-from ct2_flash.runtime.clock import Stopwatch
+from ct2_flash.adapter.routing import EngineRouter, produced_tokens
+from ct2_flash.loop.clock import Stopwatch
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
 
 logger = logging.getLogger("ct2_flash")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
 
-from ct2_flash.runtime.draft_lengths import CONFIDENCE_BINS, DraftLengths
+from ct2_flash.loop.draft_lengths import CONFIDENCE_BINS, DraftLengths
 
 
 OFFERED_ENDS = ("whole block", "timestamp", "text", "unsure")

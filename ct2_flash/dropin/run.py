@@ -29,7 +29,7 @@ import traceback
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ct2_flash import dropin
+from ct2_flash.dropin import swap as dropin
 
 PYTHON_SUFFIXES = (".py", ".pyw")
 

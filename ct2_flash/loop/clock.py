@@ -20,7 +20,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
-from ct2_flash.runtime.stats import SpecStats
+from ct2_flash.loop.stats import SpecStats
 
 
 class Stopwatch:

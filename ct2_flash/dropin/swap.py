@@ -15,7 +15,7 @@ except that the embedded models (``tiny.en``) never need the network. The option
 ``install()`` (drafter, number of draft tokens) apply to every model the program builds, and
 every model's counters are kept for ``stats()``, which ``ct2-flash run --stats`` writes at exit.
 
-``ct2-flash run`` (``ct2_flash.run_program``) calls ``install()`` before the program starts;
+``ct2-flash run`` (``ct2_flash.dropin.run``) calls ``install()`` before the program starts;
 ``ct2-flash hook`` (``ct2_flash_hook``) does it in programs started by others, when their
 environment has ``CT2_FLASH=1``.
 """
@@ -35,13 +35,18 @@ import faster_whisper.transcribe
 from faster_whisper.utils import download_model
 
 from ct2_flash.engine.models import UnknownModelError, available_models
-from ct2_flash.runtime.decoding import check_num_draft_tokens
-from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.whisper_model import BatchedInferencePipeline, FlashWhisperModel, WhisperModel, constructor_signature
+from ct2_flash.loop.decoding import check_num_draft_tokens
+from ct2_flash.loop.stats import SpecStats
+from ct2_flash.adapter.whisper_model import (
+    BatchedInferencePipeline,
+    FlashWhisperModel,
+    WhisperModel,
+    constructor_signature,
+)
 
 logger = logging.getLogger("ct2_flash")
 
-# faster-whisper's own classes, as ct2_flash.whisper_model imported them (before any install()).
+# faster-whisper's own classes, as ct2_flash.adapter.whisper_model imported them (before any install()).
 ORIGINALS = {"WhisperModel": WhisperModel, "BatchedInferencePipeline": faster_whisper.BatchedInferencePipeline}
 
 

@@ -21,7 +21,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from ct2_flash.runtime.row_scores import log_softmax_at
+from ct2_flash.loop.row_scores import log_softmax_at
 
 # ``LogitRules.choose_block(..., until_mismatch=True)`` reads a block's first rows alone first:
 # a round's first draft is accepted about half the time, its second about a third.

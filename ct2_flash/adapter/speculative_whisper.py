@@ -16,14 +16,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
-from ct2_flash.audio import check_features
-from ct2_flash.audio import audio_frames
+from ct2_flash.adapter.audio import check_features
+from ct2_flash.adapter.audio import audio_frames
 from ct2_flash.drafting.base import DecodingOptions, Drafter
 from ct2_flash.drafting.files import CheckpointError
-from ct2_flash.drafting.hypothesis import HypothesisDrafter
-from ct2_flash.engines import Engines
-from ct2_flash.redecodes import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
-from ct2_flash.routing import (
+from ct2_flash.redecodes.hypothesis import HypothesisDrafter
+from ct2_flash.adapter.engine_pair import Engines
+from ct2_flash.redecodes.memory import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
+from ct2_flash.adapter.routing import (
     BEAM_SEARCH,
     EXACT_COMPUTE_TYPE,
     UNOPENED_DRAFTER,
@@ -33,10 +33,10 @@ from ct2_flash.routing import (
     inexact_reason,
     produced_tokens,
 )
-from ct2_flash.runtime.clock import Stopwatch
-from ct2_flash.runtime.decoding import SpeculativeDecoder
-from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import PromptLayout, host_array, on_device_of
+from ct2_flash.loop.clock import Stopwatch
+from ct2_flash.loop.decoding import SpeculativeDecoder
+from ct2_flash.loop.stats import SpecStats
+from ct2_flash.loop.target import PromptLayout, host_array, on_device_of
 
 logger = logging.getLogger("ct2_flash")
 

@@ -230,8 +230,8 @@ def validation_windows(model_path: str, audio_paths: Sequence[str]) -> List[Vali
     from faster_whisper import WhisperModel, decode_audio
     from faster_whisper.tokenizer import Tokenizer
 
-    from ct2_flash.runtime.target import TargetRuntime
-    from ct2_flash.runtime.vocabulary import load_config, load_vocabulary
+    from ct2_flash.loop.target import TargetRuntime
+    from ct2_flash.loop.vocabulary import load_config, load_vocabulary
 
     whisper = WhisperModel(model_path, compute_type="float32", cpu_threads=2)
     special, _ = load_vocabulary(model_path)
@@ -321,6 +321,6 @@ def verify(
 
 
 def _bundled_sample() -> str:
-    from ct2_flash.audio import SAMPLE_AUDIO
+    from ct2_flash.adapter.audio import SAMPLE_AUDIO
 
     return SAMPLE_AUDIO

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ct2_flash.audio import checked_audio
+from ct2_flash.adapter.audio import checked_audio
 
 SAMPLE_RATE = 16000
 

@@ -1,4 +1,4 @@
-"""The ONNX graph behind ``ct2_flash.runtime.row_scores``: the vectorised part of CTranslate2's CPU
+"""The ONNX graph behind ``ct2_flash.loop.row_scores``: the vectorised part of CTranslate2's CPU
 log-softmax, for logit rows at one column each.
 
 ``python -m ct2_flash.converters.row_graph`` rewrites ``ct2_flash/data/row_lane_sums.onnx``
@@ -7,7 +7,7 @@ log-softmax, for logit rows at one column each.
 
 from __future__ import annotations
 
-from ct2_flash.runtime.row_scores import GRAPH_FILE
+from ct2_flash.loop.row_scores import GRAPH_FILE
 
 OPSET = (
     17  # pinned: ReduceMax with an axes attribute, CumSum, Slice and GatherElements as ONNX Runtime >= 1.17 runs them

@@ -25,13 +25,13 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
-from ct2_flash.runtime import draft_pause, row_scores
-from ct2_flash.runtime.acceptance import Acceptance, Draft, GreedyAcceptance, Guard, SampledAcceptance
-from ct2_flash.runtime.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
-from ct2_flash.runtime.draft_lengths import MAX_OFFERED, DraftLengths
-from ct2_flash.runtime.logit_rules import LogitRules
-from ct2_flash.runtime.stats import SpecStats
-from ct2_flash.runtime.target import PromptLayout, TargetRuntime, host_array
+from ct2_flash.loop import draft_pause, row_scores
+from ct2_flash.loop.acceptance import Acceptance, Draft, GreedyAcceptance, Guard, SampledAcceptance
+from ct2_flash.loop.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
+from ct2_flash.loop.draft_lengths import MAX_OFFERED, DraftLengths
+from ct2_flash.loop.logit_rules import LogitRules
+from ct2_flash.loop.stats import SpecStats
+from ct2_flash.loop.target import PromptLayout, TargetRuntime, host_array
 
 
 logger = logging.getLogger("ct2_flash")

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from ct2_flash.outputs import output_paths, write_outputs
+from ct2_flash.jobs.outputs import output_paths, write_outputs
 
 # What a folder's walk takes as audio (by extension, case-insensitive); a file named directly or
 # in a list is taken whatever its name.
@@ -287,7 +287,7 @@ def transcribe_found(
 
 
 def _default_model(jobs: int):
-    from ct2_flash.whisper_model import FlashWhisperModel
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     return FlashWhisperModel("tiny.en", num_workers=jobs, cpu_threads=default_layout(jobs, jobs)[1])
 
@@ -415,7 +415,7 @@ class _RayTranscriber:
     """A Ray Data actor: one model, files one at a time (``_transcribe_one``)."""
 
     def __init__(self, output_dir: str, formats: List[str], model_options: Dict, options: Dict) -> None:
-        from ct2_flash.whisper_model import FlashWhisperModel
+        from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
         self.model = FlashWhisperModel(**model_options)
         self.output_dir, self.formats, self.options = output_dir, formats, options

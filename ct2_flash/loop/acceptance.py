@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ct2_flash.drafting.base import DecodingOptions, Proposal
-from ct2_flash.runtime.logit_rules import BlockChoice, LogitRules, sampling_distribution
+from ct2_flash.loop.logit_rules import BlockChoice, LogitRules, sampling_distribution
 
 
 @dataclass(frozen=True)

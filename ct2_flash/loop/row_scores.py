@@ -11,7 +11,7 @@ one, and returns ``x - max - log(sum)`` in float32. The sequential float32 accum
 sets it apart from exact arithmetic: in the lane that holds the maximum, thousands of terms
 below half a unit in the last place of the running sum are dropped, so the engine's score sits
 a few 1e-5 above the exact value, by an amount that depends on the lane width. We compute the
-same structure: ONNX Runtime's Exp and an in-order CumSum per lane (``converters/row_graph.py``
+same structure: ONNX Runtime's Exp and an in-order CumSum per lane (``ct2_flash/converters/row_graph.py``
 writes the graph), then the fold, the tail and the log here. What is left is the exp kernels'
 own rounding (ONNX Runtime's vs CTranslate2's Cephes polynomial), ~1e-7 in a score.
 
@@ -38,7 +38,7 @@ import numpy as np
 logger = logging.getLogger("ct2_flash")
 
 
-# The graph converters/row_graph.py writes.
+# The graph ct2_flash/converters/row_graph.py writes.
 GRAPH_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "row_lane_sums.onnx")
 # CTranslate2's vector width (float32 lanes) per CPU ISA name, as CT2_FORCE_CPU_ISA spells them.
 LANE_WIDTHS = {"GENERIC": 1, "AVX": 8, "AVX2": 8, "AVX512": 16, "NEON": 4}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ct2_flash.runtime.clock import Stopwatch
+from ct2_flash.loop.clock import Stopwatch
 
 # Interleaved timings per model; the first pass of each is a warm-up and not counted.
 REPEATS = 6
