@@ -5,7 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.loop.acceptance import Draft, GreedyAcceptance, Guard, draw, greedy_accept, sample_accept
+from ct2_flash.loop.acceptance import GreedyAcceptance, greedy_accept, sample_accept
+from ct2_flash.loop.drafts import Draft
+from ct2_flash.loop.guard import Guard
+from ct2_flash.loop.logit_rules import draw
 from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens
 
 EOT = 50256

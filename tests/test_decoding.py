@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ct2_flash.loop.decoding import SpeculativeDecoder
-from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.logit_rules import SpecialTokens
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import PrefillResult

@@ -27,7 +27,7 @@ import os
 import pytest
 
 from ct2_flash import FlashWhisperModel, load_drafter
-from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.validation.exactness import compare_window
 from ct2_flash.adapter.routing import CallRouter
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter

@@ -89,7 +89,9 @@ def test_packed_windowed_blocks_equal_rounds_that_read_the_window(tiny_model):
     """Training's cross-attention mask reads what a round reads after ``observe_position``
     (the slice ``audio_window_span`` gives), with and without the attention weights the
     AnchorDraft loss needs."""
-    from ct2_flash.drafting.base import DraftWindow, DecodingOptions, audio_window_span
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
+    from ct2_flash.drafting.audio_window import audio_window_span
 
     model, k = tiny_model, tiny_model.config.num_draft_tokens
     torch.manual_seed(2)
@@ -159,7 +161,8 @@ def test_causal_rounds_propose_what_training_packs_for_every_row_count(causal_mo
     """With causal blocks, training's packed pass (its mask) and a round of any k rows give
     the same tokens at the first k positions; a bidirectional drafter always computes K rows,
     so its short proposals are prefixes too."""
-    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
 
     k = causal_model.config.num_draft_tokens
     torch.manual_seed(3)
@@ -194,7 +197,8 @@ def test_causal_rounds_propose_what_training_packs_for_every_row_count(causal_mo
 def test_drafter_rounds_follow_the_model_and_cut_on_confidence(tiny_model):
     import numpy as np
 
-    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
 
     model, k = tiny_model, tiny_model.config.num_draft_tokens
     rng = np.random.default_rng(0)

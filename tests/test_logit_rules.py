@@ -9,7 +9,7 @@ timestamps on and off, a forced prefix, previous text and the suppression option
 import numpy as np
 import pytest
 
-from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.loop.options import DecodingOptions
 
 from .test_target import encode, prompts
 

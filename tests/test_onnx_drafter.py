@@ -262,7 +262,8 @@ def test_model_runs_a_converted_directory_without_pytorch_modules(converted, mod
 def _window(rng, frames):
     """A sampled window of random audio (its proposals carry the drafter's logits; a greedy
     one's do not)."""
-    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
 
     return DraftWindow(
         rng.normal(size=(frames, 384)).astype(np.float32), (50257, 50362), DecodingOptions(sampling_topk=0), 50256
@@ -282,7 +283,7 @@ def _sampled_pair(out, model_path, rng, frames):
 
 def test_history_rolls_back_like_the_pytorch_drafter(model_path, converted):
     """advance() after a rollback keeps exactly the rows before the new cache length."""
-    from ct2_flash.drafting.base import DecodingOptions
+    from ct2_flash.loop.options import DecodingOptions
 
     out, _ = converted
     rng = np.random.default_rng(0)
@@ -335,7 +336,9 @@ def test_short_blocks_compute_the_rows_asked_for(model_path, converted):
 def test_audio_window_reads_the_frames_around_the_position(model_path, converted):
     """With ``audio_window``, a round reads the frames around where the target reads, and
     proposes what the drafter proposes for exactly those frames (audio keys are per frame)."""
-    from ct2_flash.drafting.base import WINDOW_STRIDE, DraftWindow, DecodingOptions
+    from ct2_flash.drafting.audio_window import WINDOW_STRIDE
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
 
     out, _ = converted
     rng = np.random.default_rng(1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
-from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 from .conftest import THREADS
@@ -197,10 +197,10 @@ def test_bad_sampling_options_fail_before_decoding(seeded, clips, options, messa
 
 
 def test_drafts_drawn_from_the_drafter_obey_the_targets_rules():
-    """``draw_drafts`` (``SampledAcceptance.draw_from``): q at each position is the drafter's logits over its shortlist after the
+    """``draw_drafts`` (``drafts.DrawnDrafts.draw_from``): q at each position is the drafter's logits over its shortlist after the
     target's rules (given the drafts before it) and temperature; the drafts follow it."""
     from ct2_flash.drafting.base import Proposal
-    from ct2_flash.loop.acceptance import SampledAcceptance
+    from ct2_flash.loop.drafts import DrawnDrafts
     from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens
 
     special = SpecialTokens(
@@ -218,13 +218,7 @@ def test_drafts_drawn_from_the_drafter_obey_the_targets_rules():
     vocabulary = np.array([11, 262, 290, special.eot, ts, ts + 3, ts + 10], dtype=np.int64)
     # Every position prefers ts + 3 (logit 9) over text (5 for a suppressed token, 1 for others).
     logits = np.array([[5.0, 1.0, 1.0, 0.0, 0.0, 9.0, 0.0]] * 3, dtype=np.float32)
-    sampling = SampledAcceptance(
-        DecodingOptions(sampling_temperature=1.0, sampling_topk=0),
-        uniforms=np.full((10, 2), 0.5),
-        draft_uniforms=np.full(10, 0.5),
-        draw_drafts=True,
-        eot=special.eot,
-    )
+    sampling = DrawnDrafts(DecodingOptions(sampling_temperature=1.0, sampling_topk=0), draft_uniforms=np.full(10, 0.5))
     drafts, probs = sampling.draw_from(Proposal(tokens=(0, 0, 0), logits=logits, vocabulary=vocabulary), 3, rules, [])
     assert drafts[0] == ts + 3  # the first token must be a timestamp: text has no mass
     assert probs.shape == (len(drafts), 51864) and np.allclose(probs.sum(axis=1), 1.0)

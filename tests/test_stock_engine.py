@@ -419,7 +419,7 @@ def test_the_worker_serves_inter_threads_requests_at_once(model_path, float32_pa
         alone = [engine.generate(engine.encode(f), [[50257]], {"beam_size": 5})[0].sequences_ids for f in features]
         assert alone[0] != alone[1]
         overlapped = 0
-        for _ in range(3):
+        for _ in range(10):  # a busy host may serialise a pair now and then: one overlap suffices
             seconds = engine.timings["generate"][2]
             started = time.perf_counter()
             got = _in_parallel(
@@ -431,6 +431,8 @@ def test_the_worker_serves_inter_threads_requests_at_once(model_path, float32_pa
             wall = time.perf_counter() - started
             assert got == alone  # each thread its own answer
             overlapped += engine.timings["generate"][2] - seconds > wall
+            if overlapped:
+                break
         assert overlapped >= 1
         assert engine.restarts == 0 and len(engine._free) == 2  # a block per request in flight, reused
     finally:

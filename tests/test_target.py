@@ -129,7 +129,7 @@ def test_token_scores_follow_ctranslate2s_own_log_softmax(float32_pair, window):
     operations) must give the engine's numbers, not the exact ones. Per-token scores of
     ``generate()`` come from cumulative scores at growing lengths (length_penalty 1: score x
     length is the sum)."""
-    from ct2_flash.drafting.base import DecodingOptions
+    from ct2_flash.loop.options import DecodingOptions
 
     flash = float32_pair.flash
     decoder, reference = flash.decoder, flash.reference_model

@@ -145,7 +145,7 @@ def test_teacher_distribution_and_audio_frames(teacher_dir, clips):
 
 
 def test_batches_read_the_audio_frames_and_the_padding_the_runtime_sees(teacher_dir):
-    from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
+    from ct2_flash.drafting.audio_window import PADDING_FRAMES_SEEN
 
     (example,) = load_examples(teacher_dir, "train")
     batch = make_batch([example], k=8, blocks=16, rng=np.random.default_rng(0))
@@ -221,7 +221,7 @@ def test_batches_read_the_runtime_window_around_the_anchor_position(teacher_dir)
     """Each block's cross-attention mask is the slice the runtime drafter reads for that anchor
     (all of the utterance's frames for the first anchor, which no verification placed yet), and
     the AnchorDraft labels are the target's frames for the block's labels."""
-    from ct2_flash.drafting.base import audio_window_span
+    from ct2_flash.drafting.audio_window import audio_window_span
     from ct2_flash.train.fit import drafter_frames
 
     (example,) = load_examples(teacher_dir, "train")

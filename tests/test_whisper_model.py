@@ -278,7 +278,9 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
 
 
 def test_drafter_audio_keeps_a_second_after_the_audio():
-    from ct2_flash.drafting.base import PADDING_FRAMES_SEEN, DraftWindow, DecodingOptions
+    from ct2_flash.drafting.audio_window import PADDING_FRAMES_SEEN
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
 
     output = np.arange(1500 * 2, dtype=np.float32).reshape(1500, 2)
     assert DraftWindow(output, (1,), DecodingOptions(), 2).drafter_audio().shape == (1500, 2)

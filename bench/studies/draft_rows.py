@@ -33,7 +33,8 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
     around frame 150, nothing else running."""
     import numpy as np
 
-    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
 
     runtime = flash.decoder.runtime
     encoder_output = flash.encode_window(audio)

@@ -34,7 +34,7 @@ from ct2_flash import FlashWhisperModel, load_drafter, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
 from ct2_flash.benchmark.speech_sets import fetch
-from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.target import PromptLayout
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 

@@ -92,7 +92,9 @@ def main() -> None:
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.drafting.base import AUDIO_WINDOW, DecodingOptions, DraftWindow
+    from ct2_flash.drafting.audio_window import AUDIO_WINDOW
+    from ct2_flash.loop.options import DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.drafting.onnx_drafter import OnnxDrafter
     from ct2_flash.drafting.files import SHIPPED_DRAFTERS

@@ -35,7 +35,7 @@ def measure() -> dict:
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.drafting.base import DecodingOptions
+    from ct2_flash.loop.options import DecodingOptions
     from ct2_flash.loop import row_scores
 
     flash = FlashWhisperModel("tiny.en", compute_type="float32", cpu_threads=2, stock_engine=False)

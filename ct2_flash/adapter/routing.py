@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ct2_flash.drafting.base import DecodingOptions, draws_at_random
+from ct2_flash.loop.options import DecodingOptions, draws_at_random
 
 # The compute type at which a multi-token pass computes what single steps compute (to ~1e-5
 # logits, far under any real decision's margin); elsewhere the loop runs only with near_exact.

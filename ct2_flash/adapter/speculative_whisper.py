@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ct2_flash.adapter.audio import check_features
 from ct2_flash.adapter.audio import audio_frames
-from ct2_flash.drafting.base import DecodingOptions, Drafter
+from ct2_flash.loop.options import DecodingOptions
+from ct2_flash.drafting.base import Drafter
 from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.redecodes.hypothesis import HypothesisDrafter
 from ct2_flash.adapter.engine_pair import Engines

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 import warnings
 import weakref
 from typing import Callable, ContextManager, Optional, Union
@@ -26,11 +25,12 @@ from faster_whisper import WhisperModel
 from ct2_flash.adapter.audio import checked_audio
 from ct2_flash.loop.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
 from ct2_flash.loop.draft_lengths import DraftLengths
-from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, check_adapted
-from ct2_flash.drafting.base import Drafter, PromptLookupDrafter
+from ct2_flash.drafting.base import Drafter
+from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
+from ct2_flash.drafting.kinds import open_drafter
 from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
-from ct2_flash.engine.models import embedded_name, resolve_model
+from ct2_flash.engine.models import resolve_model
 from ct2_flash.adapter.routing import CallRouter, EngineRouter
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import TargetRuntime
@@ -232,7 +232,7 @@ class FlashWhisperModel(WhisperModel):
         loop_runs = inexact_reason(self.model.compute_type, near_exact, self.model.device) is None
         if drafter is None and not loop_runs:
             drafter = PromptLookupDrafter()
-        drafter = _resolve_drafter(drafter, model_size_or_path, model_path, self.model.compute_type)
+        drafter = open_drafter(drafter, model_size_or_path, model_path, self.model.compute_type)
         # Its vocabulary and K: checked before any second model is loaded, by the loop's own check.
         num_draft_tokens = checked_draft_count(drafter, special.vocab_size, num_draft_tokens)
         config = load_config(model_path)
@@ -437,70 +437,6 @@ def _renamed(old: str, old_value, new: str, value):
         f"FlashWhisperModel({old}=...) is now {new}=...; {old}= will be removed", DeprecationWarning, stacklevel=3
     )
     return old_value
-
-
-def load_drafter(
-    drafter: Union[Drafter, str, None] = None, model: str = "tiny.en", compute_type: Optional[str] = None
-) -> Drafter:
-    """The drafter ``FlashWhisperModel(model, drafter=drafter)`` would decode with.
-
-    Args:
-        drafter: None for the drafter shipped for the model (prompt lookup where none is), a
-            converted drafter directory, an unconverted training checkpoint (PyTorch, slower),
-            or a ``Drafter``, returned as it is.
-        model: a model name (``available_models()``) or a CTranslate2 model directory.
-        compute_type: the engine's compute type (``model.compute_type``) the drafter will serve;
-            None does not check it.
-
-    Raises:
-        CheckpointError: the directory is missing or damaged.
-        DrafterMismatchError: the drafter was made for another target, or adapted
-            (``ct2-flash adapt``) for another model or compute type.
-    """
-    return _resolve_drafter(drafter, model, resolve_model(model), compute_type)
-
-
-def _resolve_drafter(
-    drafter: Union[Drafter, str, None], name: str, model_path: str, compute_type: Optional[str] = None
-) -> Drafter:
-    """A Drafter from what the user passed (see ``FlashWhisperModel``)."""
-    if isinstance(drafter, Drafter):
-        return drafter
-    if drafter is None:
-        # The embedded model's drafter also serves its directory given as a path.
-        shipped = os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or name)
-        if not os.path.isfile(os.path.join(shipped, "drafter.json")):
-            return PromptLookupDrafter()
-        drafter = shipped
-    if not isinstance(drafter, str):
-        raise TypeError(
-            f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}"
-        )
-    # Here: ONNX Runtime loads only for a model that has a drafter directory.
-    from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
-
-    if not os.path.isdir(drafter):
-        raise CheckpointError(f"drafter directory {drafter!r} does not exist")
-    check_adapted(drafter, model_path, compute_type)
-    if has_graphs(drafter):
-        return OnnxDrafter(drafter, model_path)
-    # A training checkpoint not yet converted runs in PyTorch (the [train] extra), the slower
-    # reference implementation of the same round.
-    try:
-        from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
-    except ImportError:
-        raise CheckpointError(
-            f"drafter {drafter!r} has no exported graphs and PyTorch is not installed to run it "
-            f"as a checkpoint; convert it with: ct2-flash convert-drafter {drafter} OUT "
-            f"(pip install 'ct2-flash[train]')"
-        ) from None
-    logger.warning(
-        "ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
-        "convert it with: ct2-flash convert-drafter %s OUT",
-        drafter,
-        drafter,
-    )
-    return FlashDrafter(load_checkpoint(drafter, model_path))
 
 
 def _deferred_build(resolved: str) -> Callable:

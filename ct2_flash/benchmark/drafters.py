@@ -17,17 +17,14 @@ Specs:
 
 from __future__ import annotations
 
-import inspect
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from ct2_flash.drafting.base import PromptLookupDrafter
-from ct2_flash.drafting.files import SHIPPED_DRAFTERS
-from ct2_flash.engine.models import embedded_name
+from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
+from ct2_flash.drafting.kinds import checked_options, kind_named, kind_of, shipped_drafter
 
 ORACLE = "oracle"
 BUILTIN = "builtin"
-RUNTIMES = ("onnx", "pytorch")
 
 
 def parse_option(text: str) -> Tuple[str, Any]:
@@ -55,15 +52,6 @@ def _value(text: str) -> Any:
     return text
 
 
-def _checked(kind, options: Dict[str, Any], skip: Sequence[str] = ()) -> Dict[str, Any]:
-    """``options`` if ``kind``'s constructor takes every one of them (a clear error otherwise)."""
-    accepted = [name for name in inspect.signature(kind.__init__).parameters if name not in ("self", *skip)]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(f"{kind.__name__} takes no option {', '.join(unknown)} (it takes {', '.join(accepted)})")
-    return dict(options)
-
-
 def build_drafter(
     spec: Optional[str],
     options: Dict[str, Any],
@@ -88,23 +76,15 @@ def build_drafter(
         reference = ctranslate2.models.Whisper(
             model_path, device="cpu", compute_type=compute_type, intra_threads=threads
         )
-        return OracleDrafter(reference, **_checked(OracleDrafter, options, skip=("reference_model",)))
+        return OracleDrafter(reference, **checked_options(OracleDrafter, options, skip=("reference_model",)))
     if spec == BUILTIN:
-        return PromptLookupDrafter(**_checked(PromptLookupDrafter, options))
+        return PromptLookupDrafter(**checked_options(PromptLookupDrafter, options))
     if not options:
         return spec
-    from ct2_flash.drafting.onnx_drafter import OnnxDrafter, has_graphs
-
-    directory = spec or os.path.join(SHIPPED_DRAFTERS, embedded_name(model_path) or model_name)
+    directory = spec or shipped_drafter(model_name, model_path)
     if not os.path.isfile(os.path.join(directory, "drafter.json")):
         raise ValueError(
             f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {directory!r} is not one"
         )
-    runtime = options.pop("runtime", "onnx" if has_graphs(directory) else "pytorch")
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-    if runtime == "onnx":
-        return OnnxDrafter(directory, model_path, **_checked(OnnxDrafter, options, skip=("directory", "model_path")))
-    from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
-
-    return FlashDrafter(load_checkpoint(directory, model_path), **_checked(FlashDrafter, options, skip=("model",)))
+    kind = kind_named(options.pop("runtime")) if "runtime" in options else kind_of(directory)
+    return kind.open(directory, model_path, **options)

@@ -272,7 +272,8 @@ def verify(
         "top1_agreement_by_position" (by draft position, over the anchors that proposed it),
         "max_log_prob_difference"}: the last is over tokens where both chose the same.
     """
-    from ct2_flash.drafting.base import DraftWindow, DecodingOptions
+    from ct2_flash.drafting.base import DraftWindow
+    from ct2_flash.loop.options import DecodingOptions
     from ct2_flash.drafting.flash_drafter import FlashDrafter
 
     reference = FlashDrafter(model, precision="float32", min_confidence=0.0)

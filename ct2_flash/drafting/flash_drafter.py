@@ -22,15 +22,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ct2_flash.drafting.base import (
-    Drafter,
-    DraftWindow,
-    Proposal,
-    audio_window_span,
-    check_audio_window,
-    check_round_options,
-    cut_by_confidence,
-)
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
+from ct2_flash.drafting.audio_window import audio_window_span, check_audio_window
+from ct2_flash.drafting.round_options import check_round_options, cut_by_confidence
 from ct2_flash.drafting.files import (  # noqa: F401 (re-exported)
     CONFIG_FILE,
     WEIGHTS_FILE,

@@ -50,16 +50,9 @@ from ct2_flash.drafting.files import (
     read_config,
     target_identity,
 )
-from ct2_flash.drafting.base import (
-    AUDIO_WINDOW,
-    Drafter,
-    DraftWindow,
-    Proposal,
-    audio_window_span,
-    check_audio_window,
-    check_round_options,
-    cut_by_confidence,
-)
+from ct2_flash.drafting.audio_window import AUDIO_WINDOW, audio_window_span, check_audio_window
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
+from ct2_flash.drafting.round_options import check_round_options, cut_by_confidence
 
 EXPORT_FILE = "export.json"
 GRAPHS = ("audio", "history", "propose")

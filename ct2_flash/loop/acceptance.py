@@ -18,20 +18,23 @@ after a fully accepted block the bonus token from p_n. Every emitted token is th
 exactly as if it had been sampled from the target alone, whatever the drafter proposes.
 
 The loop does not branch on the options of either: it picks a strategy per call and passes it
-in (``GreedyAcceptance``: the rule with the guard; ``SampledAcceptance``). Both take a
-``Draft`` (what is verified) and a ``BlockChoice`` (the target's rows after the logit rules)
-and return an ``Acceptance``.
+in (``GreedyAcceptance``: the rule with the guard's thresholds; ``SampledAcceptance``). Both
+take a ``Draft`` (what is verified, ``drafts``) and a ``BlockChoice`` (the target's rows after
+the logit rules) and return an ``Acceptance``. What is verified is made elsewhere
+(``drafts``), and what the cache keeps after an unsure row is the guard's (``guard``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ct2_flash.drafting.base import DecodingOptions, Proposal
-from ct2_flash.loop.logit_rules import BlockChoice, LogitRules, sampling_distribution
+from ct2_flash.loop.drafts import Draft
+from ct2_flash.loop.guard import Guard
+from ct2_flash.loop.logit_rules import BlockChoice, draw
+from ct2_flash.loop.options import DecodingOptions
 
 
 @dataclass(frozen=True)
@@ -127,92 +130,14 @@ def sample_accept(
     )
 
 
-def draw(weights: np.ndarray, uniform: float) -> int:
-    """The index the inverse CDF of ``weights`` ([vocab], >= 0, not all 0; normalised here)
-    gives at ``uniform`` in [0, 1)."""
-    cumulative = np.cumsum(weights, dtype=np.float64)
-    index = int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"))
-    # Rounding can put the point at the very end: take the last token with any weight.
-    return index if index < len(weights) else int(np.flatnonzero(weights)[-1])
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What a round verifies after its anchor.
-
-    Attributes:
-        tokens: [n] drafts.
-        confidences: [n] the drafter's log-probability of each (or fewer, when it gives none).
-        probs: [n, vocab] under sampling, the distributions the drafts were drawn from; None:
-            proposed outright.
-        rows: draft positions the drafter was asked to compute (0: no proposal this round).
-        drawn: the drafts were drawn from the drafter's own distribution.
-        offered: the drafts were offered (``Drafter.offered``), not proposed.
-        resumed: drafting resumed in its window with this round (a probe after a pause).
-    """
-
-    tokens: Sequence[int] = ()
-    confidences: Sequence[float] = ()
-    probs: Optional[np.ndarray] = None
-    rows: int = 0
-    drawn: bool = False
-    offered: bool = False
-    resumed: bool = False
-
-
-class Guard:
-    """The int8 guard: a verified row too close to call is decided again by a single pass.
-
-    The decision and both of its effects live here. A row of a multi-token pass whose greedy
-    choice is within ``margins[j]`` logits of going another way (``LogitRules.choose``'s margin;
-    the last entry serves longer blocks) is *unsure*; the round then keeps the drafts before it
-    but not the row's own position in the cache (the last kept token becomes the anchor again),
-    and the next round verifies that anchor alone, the computation plain greedy does.
-
-    Args:
-        margins: [rows] float64, >= 0; all zero turns the guard off.
-    """
-
-    def __init__(self, margins: np.ndarray) -> None:
-        self.margins = margins
-        self.single_pass_next = False
-
-    def thresholds(self, rows: int) -> np.ndarray:
-        """[rows] the margin each of the first ``rows`` rows must reach."""
-        return self.margins[np.minimum(np.arange(rows), self.margins.size - 1)]
-
-    def cache_rows(self, outcome: Acceptance) -> int:
-        """Positions of the verified block ``[anchor, d_1 ..]`` the cache keeps: the anchor and
-        the accepted drafts, less the last of them after an unsure row."""
-        return outcome.accepted + (0 if outcome.unsure else 1)
-
-    def after_round(self, outcome: Acceptance) -> None:
-        self.single_pass_next = outcome.unsure
-
-    def allows_drafts(self) -> bool:
-        """False while an unsure position waits for its single-token pass."""
-        return not self.single_pass_next
-
-
 class GreedyAcceptance:
     """Greedy decoding: keep the longest draft prefix the target agrees with (and the guard
-    trusts); the target's own token at the first disagreement."""
+    trusts: ``guard.Guard``'s thresholds); the target's own token at the first disagreement."""
 
     reads_all_rows = False  # acceptance stops at the first mismatch: so may the logit rules
 
     def __init__(self, guard: Guard, eot: int) -> None:
         self.guard, self._eot = guard, eot
-
-    def drafts(
-        self,
-        proposal: Proposal,
-        tokens: Sequence[int],
-        confidences: Sequence[float],
-        rules: LogitRules,
-        generated: Sequence[int],
-    ) -> Draft:
-        """Greedy verifies the proposal's tokens as they are."""
-        return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
 
     def accept(self, draft: Draft, choice: BlockChoice, start: int) -> Acceptance:
         drafts = draft.tokens
@@ -241,66 +166,13 @@ class SampledAcceptance:
     Args:
         options: the call's options (temperature, top-k).
         uniforms: [positions, 2] per output position, the acceptance test's and the draw's.
-        draft_uniforms: [positions] for drafts drawn from the drafter's distribution.
-        draw_drafts: draw drafts from the drafter's own distribution where it gives logits;
-            False proposes its most likely tokens outright.
         eot: the end-of-text id.
     """
 
     reads_all_rows = True
 
-    def __init__(
-        self, options: DecodingOptions, uniforms: np.ndarray, draft_uniforms: np.ndarray, draw_drafts: bool, eot: int
-    ) -> None:
-        self.options, self.uniforms, self.draft_uniforms = options, uniforms, draft_uniforms
-        self.draw_drafts, self._eot = draw_drafts, eot
-        self.guard = Guard(np.zeros(1))  # a sampled row's distribution is used as verified
-
-    def drafts(
-        self,
-        proposal: Proposal,
-        tokens: Sequence[int],
-        confidences: Sequence[float],
-        rules: LogitRules,
-        generated: Sequence[int],
-    ) -> Draft:
-        if not (self.draw_drafts and proposal.logits is not None and tokens):
-            return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
-        drawn, probs = self.draw_from(proposal, len(tokens), rules, generated)
-        return Draft(tokens=tuple(drawn), confidences=tuple(confidences[: len(drawn)]), probs=probs, drawn=True)
-
-    def draw_from(
-        self, proposal: Proposal, count: int, rules: LogitRules, generated: Sequence[int]
-    ) -> Tuple[List[int], Optional[np.ndarray]]:
-        """Draw up to ``count`` drafts from the drafter's distribution q at each position.
-
-        Each row of the proposal's logits is scattered into the whole vocabulary (tokens off
-        the drafter's shortlist get none), edited by the target's logit rules given the tokens
-        before it, drafts included, and scaled by the temperature and top-k of the call, so
-        that the drafter never proposes what the target rules out. Stops early at a row the
-        rules leave empty or after an end-of-text.
-
-        Returns:
-            the drafts [n'] and their distributions [n', vocab] (None when n' = 0).
-        """
-        options, special = self.options, rules.special
-        start, vocabulary = len(generated), proposal.vocabulary
-        rows = np.full((count, special.vocab_size), -np.inf, dtype=np.float32)
-        rows[:, vocabulary] = proposal.logits[:count]
-        drafts: List[int] = []
-        probs = np.zeros((count, special.vocab_size))
-        for j in range(count):
-            rules.apply(rows[j], [*generated, *drafts])
-            # q lives on the shortlist: softmax and draw over its columns only.
-            short = rows[j, vocabulary]
-            if not np.isfinite(short.max()):
-                break
-            q = sampling_distribution(short, options.sampling_temperature, options.sampling_topk)
-            drafts.append(int(vocabulary[draw(q, float(self.draft_uniforms[start + j]))]))
-            probs[j, vocabulary] = q
-            if drafts[-1] == special.eot:
-                break
-        return drafts, (probs[: len(drafts)] if drafts else None)
+    def __init__(self, options: DecodingOptions, uniforms: np.ndarray, eot: int) -> None:
+        self.options, self.uniforms, self._eot = options, uniforms, eot
 
     def accept(self, draft: Draft, choice: BlockChoice, start: int) -> Acceptance:
         options = self.options

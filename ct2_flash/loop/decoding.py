@@ -24,9 +24,12 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ct2_flash.drafting.base import Drafter, DraftWindow, DecodingOptions, Proposal
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop import draft_pause, row_scores
-from ct2_flash.loop.acceptance import Acceptance, Draft, GreedyAcceptance, Guard, SampledAcceptance
+from ct2_flash.loop.acceptance import Acceptance, GreedyAcceptance, SampledAcceptance
+from ct2_flash.loop.drafts import Draft, DrawnDrafts, ProposedDrafts
+from ct2_flash.loop.guard import Guard
 from ct2_flash.loop.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
 from ct2_flash.loop.draft_lengths import MAX_OFFERED, DraftLengths
 from ct2_flash.loop.logit_rules import LogitRules
@@ -305,7 +308,7 @@ class SpeculativeDecoder:
         fixed = options.sampling and self.seeded
         state.lengths = self.adaptive.draft_lengths and not fixed
         state.pausing = self.adaptive.pause_drafting and not fixed
-        state.strategy = self._strategy(options, len(state.generated) + max(state.steps_left, 0) + 1)
+        self._strategies(state, options, len(state.generated) + max(state.steps_left, 0) + 1)
 
         # The engine returns its alignment attention with each pass only for drafters that use it.
         self.runtime.track_positions(self.drafter.wants_position)
@@ -338,17 +341,23 @@ class SpeculativeDecoder:
         score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
         return DecodeResult(tokens=tokens, score=score, no_speech_prob=no_speech_prob)
 
-    def _strategy(self, options: DecodingOptions, positions: int):
-        """Greedy acceptance with the guard, or sampling with this call's uniforms."""
+    def _strategies(self, state: "_Decoding", options: DecodingOptions, positions: int) -> None:
+        """The call's guard, acceptance and drafts: greedy acceptance with the guard and the
+        drafts as proposed, or sampling with this call's uniforms, its drafts drawn from the
+        drafter's distribution where it gives one (``draw_drafts``)."""
         eot = self.runtime.special.eot
         if not options.sampling:
-            return GreedyAcceptance(Guard(self._guard_rows), eot)
+            state.guard = Guard(self._guard_rows)
+            state.strategy, state.drafts = GreedyAcceptance(state.guard, eot), ProposedDrafts()
+            return
+        state.guard = Guard(np.zeros(1))  # a sampled row's distribution is used as verified
         # [position in generated, 2]: the acceptance test's and the draw's uniform; drafts
         # drawn from the drafter's distribution use a stream of their own.
         uniforms = np.random.default_rng([self._entropy, self._sampled_calls]).random((positions, 2))
         draft_uniforms = np.random.default_rng([self._entropy, self._sampled_calls, 1]).random(positions)
         self._sampled_calls += 1
-        return SampledAcceptance(options, uniforms, draft_uniforms, self.draw_drafts, eot)
+        state.strategy = SampledAcceptance(options, uniforms, eot)
+        state.drafts = DrawnDrafts(options, draft_uniforms) if self.draw_drafts else ProposedDrafts()
 
     def _round(self, state: "_Decoding", target: TimedTarget, drafter: TimedDrafter) -> Tuple[Draft, Acceptance]:
         """One round: propose -> verify -> accept -> roll back -> advance."""
@@ -363,7 +372,7 @@ class SpeculativeDecoder:
         # The drafter's states come from the raw rows; the logit rules then edit them in place.
         columns = self.runtime.state_columns(logits) if drafter.needs_states else None
         outcome = state.accept(draft, logits)
-        kept = state.strategy.guard.cache_rows(outcome)
+        kept = state.guard.cache_rows(outcome)
         target.rollback(cache_length + kept)
         if not state.finished:
             self._advance(state, target, drafter, columns, kept, min(outcome.accepted, len(draft.tokens)))
@@ -378,7 +387,7 @@ class SpeculativeDecoder:
         distribution under sampling."""
         # steps_left tokens may still be emitted; keep one for the recovered/bonus token.
         count = min(self.num_draft_tokens, state.steps_left - 1)
-        if count <= 0 or not state.strategy.guard.allows_drafts():
+        if count <= 0 or not state.guard.allows_drafts():
             return Draft()
         # Tokens known for free (a previous hypothesis of this audio, the decode's own repeats)
         # go first, as a long block, also while the drafter's proposals are paused: they cost
@@ -387,7 +396,7 @@ class SpeculativeDecoder:
         verified = self.lengths.offered(len(offered)) if state.lengths else len(offered)
         if verified:
             tokens = tuple(offered[:verified])
-            draft = state.strategy.drafts(Proposal(tokens=tokens), tokens, (), state.rules, state.generated)
+            draft = state.drafts.drafts(Proposal(tokens=tokens), tokens, (), state.rules, state.generated)
             return dataclasses.replace(draft, offered=True)
         if not state.drafting:
             return Draft()
@@ -400,7 +409,7 @@ class SpeculativeDecoder:
             # Verify as many as pay for their rows (the proposal itself is paid already).
             verified = self.lengths.choose(confidences)
             drafts, confidences = drafts[:verified], confidences[:verified]
-        draft = state.strategy.drafts(proposal, drafts, confidences, state.rules, state.generated)
+        draft = state.drafts.drafts(proposal, drafts, confidences, state.rules, state.generated)
         return dataclasses.replace(draft, rows=count)
 
     def _advance(
@@ -437,7 +446,7 @@ class SpeculativeDecoder:
         stats = self.stats
         stats.emitted += outcome.emitted
         stats.drafting_resumed += int(draft.resumed)
-        state.strategy.guard.after_round(outcome)
+        state.guard.after_round(outcome)
         if draft.rows:
             stats.draft_rounds += 1
             stats.drafted_rows += draft.rows
@@ -494,6 +503,8 @@ class _Decoding:
     rules: LogitRules
     generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
     strategy: object = None  # GreedyAcceptance or SampledAcceptance (``acceptance``)
+    drafts: object = None  # ProposedDrafts or DrawnDrafts (``drafts``)
+    guard: Optional[Guard] = None
     steps_left: int = 0
     lengths: bool = False  # draft lengths follow measured costs (Adaptive.draft_lengths)
     pausing: bool = False  # DraftPause may pause drafting (Adaptive.pause_drafting)

@@ -375,6 +375,15 @@ def sampling_distribution(logits: np.ndarray, temperature: float, topk: int) -> 
     return weights / weights.sum()
 
 
+def draw(weights: np.ndarray, uniform: float) -> int:
+    """The index the inverse CDF of ``weights`` ([vocab], >= 0, not all 0; normalised here)
+    gives at ``uniform`` in [0, 1)."""
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    index = int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"))
+    # Rounding can put the point at the very end: take the last token with any weight.
+    return index if index < len(weights) else int(np.flatnonzero(weights)[-1])
+
+
 def _logsumexp_rows(values: np.ndarray, peaks: np.ndarray) -> np.ndarray:
     """``_logsumexp`` of each row of [rows, columns] -> [rows], given each row's maximum [rows],
     in the values' precision (float32 logits: as CTranslate2's own float32 log-softmax, and

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from ct2_flash.drafting.base import AUDIO_WINDOW
+from ct2_flash.drafting.audio_window import AUDIO_WINDOW
 
 
 def default_data_dir() -> str:

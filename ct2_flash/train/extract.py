@@ -27,7 +27,7 @@ from typing import Dict, List
 import numpy as np
 
 from ct2_flash.adapter.audio import audio_frames
-from ct2_flash.drafting.base import PADDING_FRAMES_SEEN
+from ct2_flash.drafting.audio_window import PADDING_FRAMES_SEEN
 
 
 def prompt_for(utterance_id: str, special) -> List[int]:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ct2_flash.engine.model_files import CT2ModelFile
-from ct2_flash.drafting.base import AUDIO_WINDOW, PADDING_FRAMES_SEEN, audio_window_span, check_audio_window
+from ct2_flash.drafting.audio_window import AUDIO_WINDOW, PADDING_FRAMES_SEEN, audio_window_span, check_audio_window
 from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, target_identity
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
 
@@ -473,7 +473,7 @@ def validate(
     teacher utterances or real recordings (``speech_windows``)."""
     from ctranslate2 import StorageView
 
-    from ct2_flash.drafting.base import DecodingOptions
+    from ct2_flash.loop.options import DecodingOptions
 
     model.eval()
     stats = decoder.stats

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ct2_flash.loop.decoding import SpeculativeDecoder
-from ct2_flash.drafting.base import DecodingOptions
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.target import PromptLayout
 
 
