@@ -74,12 +74,68 @@ TS = SMALL.timestamp_begin  # 55 .. 79 are timestamps
 SCORE_TOLERANCE = 1e-4
 
 
+def _reference_rules(rules, logits, generated):
+    """Whisper's rules on one row, written plainly after CTranslate2's processors (the
+    reference the block form is checked against); returns the timestamp-mass rule's margin."""
+    special, step, begin = rules.special, len(generated), rules.sample_begin
+    ts_begin, disabled = special.timestamp_begin, np.float32(-np.inf)
+    logits[list(rules.suppress_ids)] = disabled
+    if step == begin:
+        logits[list(rules.suppress_begin_ids)] = disabled
+    if not rules.timestamps:
+        return np.inf
+    logits[special.no_timestamps] = disabled
+    check_mass = False
+    if step == begin == 0:  # the first token is a timestamp, no later than the maximum
+        logits[:ts_begin] = disabled
+        logits[rules.max_initial_timestamp_id + 1 :] = disabled
+    elif step > begin:
+        last = generated[step - 1]
+        if last >= ts_begin:
+            penultimate = generated[step - 2] if step - 1 > begin else last
+            if penultimate >= ts_begin:  # after a pair: text or end
+                logits[ts_begin:] = disabled
+            else:  # a lone timestamp opens a pair: a later timestamp or end-of-text
+                logits[: special.eot] = disabled
+                logits[ts_begin:last] = disabled
+                check_mass = True
+        else:
+            check_mass = True
+            for token in reversed(generated[begin:step]):  # timestamps never decrease
+                if token >= ts_begin:
+                    logits[ts_begin : token + 1] = disabled
+                    break
+    if not check_mass:
+        return np.inf
+    # The timestamps' mass beats every text token: the next token is a timestamp.
+    text = logits[:ts_begin]
+    peak = np.max(logits[ts_begin:])
+    mass = float(peak + np.log(np.sum(np.exp(logits[ts_begin:] - peak)))) if np.isfinite(peak) else float(peak)
+    best_text = float(np.max(text))
+    if mass > best_text:
+        text[:] = disabled
+    return abs(mass - best_text) if np.isfinite(mass - best_text) else np.inf
+
+
+def _reference_choose(rules, logits, generated):
+    """(token, log-probability, margin) of one row by ``_reference_rules``, as ``choose``."""
+    margin = _reference_rules(rules, logits, generated)
+    token = int(np.argmax(logits))
+    best = logits[token]
+    logits[token] = -np.inf
+    runner_up = np.max(logits)
+    logits[token] = best
+    margin = min(margin, float(best - runner_up)) if np.isfinite(runner_up) else margin
+    peak = np.max(logits)
+    return token, float(best - (peak + np.log(np.sum(np.exp(logits - peak))))), margin
+
+
 def _reference_block(rules, raw, generated, drafts):
-    """``LogitRules.choose`` row by row, on copies."""
+    """``_reference_choose`` row by row, on copies."""
     tokens, margins, log_probs, edited = [], [], [], []
     for row in range(raw.shape[0]):
         logits = raw[row].copy()
-        token, log_prob, margin = rules.choose(logits, [*generated, *drafts[:row]])
+        token, log_prob, margin = _reference_choose(rules, logits, [*generated, *drafts[:row]])
         tokens.append(token), margins.append(margin), log_probs.append(log_prob), edited.append(logits)
     return np.array(tokens), np.array(margins), np.array(log_probs), np.array(edited)
 
@@ -210,3 +266,35 @@ def test_sampling_distribution_is_the_tempered_softmax_of_the_edited_row_over_th
     edited = block.edited[0].astype(np.float64)
     expected = edited[token] - np.log(np.sum(np.exp(edited - edited.max()))) - edited.max()
     assert block.log_probs([token])[0] == pytest.approx(expected, abs=SCORE_TOLERANCE)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_row_choose_and_apply_equal_the_plain_rules(seed):
+    """``choose`` and ``apply`` are the block's rules on one row: the same edits, token, margin
+    and score as the plain per-row reference."""
+    rng = np.random.default_rng(100 + seed)
+    begin = int(rng.integers(0, 3))
+    rules = LogitRules(
+        special=SMALL,
+        suppress_ids=(3, 4),
+        suppress_begin_ids=(7, SMALL.eot),
+        timestamps=bool(seed % 4),
+        sample_begin=begin,
+        max_initial_timestamp_id=TS + int(rng.integers(0, 10)),
+    )
+    generated = _random_sequence(rng, int(rng.integers(0, 6)), begin)
+    raw = rng.normal(0, 3, size=SMALL.vocab_size).astype(np.float32)
+    raw[TS:] += rng.normal(0, 3)
+    reference = raw.copy()
+    token, log_prob, margin = _reference_choose(rules, reference, generated)
+    chosen = raw.copy()
+    assert rules.choose(chosen, generated)[0] == token
+    np.testing.assert_array_equal(chosen, reference)
+    assert rules.choose(raw.copy(), generated)[2] == pytest.approx(margin, rel=1e-6)
+    assert rules.choose(raw.copy(), generated)[1] == pytest.approx(log_prob, abs=SCORE_TOLERANCE)
+    applied = raw.copy()
+    rule_margin = rules.apply(applied, generated)
+    expected = raw.copy()
+    expected_margin = _reference_rules(rules, expected, generated)
+    np.testing.assert_array_equal(applied, expected)
+    assert rule_margin == pytest.approx(expected_margin, rel=1e-6)

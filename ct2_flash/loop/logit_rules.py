@@ -100,7 +100,8 @@ class LogitRules:
         object.__setattr__(self, "_timestamp_ids", np.arange(self.special.timestamp_begin, self.special.vocab_size))
 
     def apply(self, logits: np.ndarray, generated: Sequence[int]) -> float:
-        """Edit the logits of the next position in place.
+        """Edit the logits of the next position in place: the block's rules on one row
+        (``choose_block``).
 
         Args:
             logits: [vocab] float32 raw logits of the position after ``generated``.
@@ -110,55 +111,12 @@ class LogitRules:
             how far the one logit-dependent rule (timestamp mass against the best text token)
             was from deciding the other way, in log space; inf when it did not apply.
         """
-        step = len(generated)
-        logits[self._suppress] = _DISABLED
-        if step == self.sample_begin:
-            logits[self._suppress_begin] = _DISABLED
-        if self.timestamps:
-            return self._apply_timestamp_rules(logits, generated, step)
-        return np.inf
-
-    def _apply_timestamp_rules(self, logits: np.ndarray, generated: Sequence[int], step: int) -> float:
-        special = self.special
-        ts_begin = special.timestamp_begin
-        logits[special.no_timestamps] = _DISABLED
-        check_timestamp_mass = False
-        if step == self.sample_begin == 0:
-            # The first token is a timestamp, no later than max_initial_timestamp.
-            logits[:ts_begin] = _DISABLED
-            logits[self.max_initial_timestamp_id + 1 :] = _DISABLED
-        elif step > self.sample_begin:
-            last = generated[step - 1]
-            if last >= ts_begin:
-                penultimate = generated[step - 2] if step - 1 > self.sample_begin else last
-                if penultimate >= ts_begin:
-                    # Timestamps come in pairs: after a pair, text (or end) follows.
-                    logits[ts_begin:] = _DISABLED
-                else:
-                    # A lone timestamp opens a pair: only a later timestamp or end-of-text.
-                    logits[: special.eot] = _DISABLED
-                    logits[ts_begin:last] = _DISABLED
-                    check_timestamp_mass = True
-            else:
-                check_timestamp_mass = True
-                # Timestamps never decrease.
-                for token in reversed(generated[self.sample_begin : step]):
-                    if token >= ts_begin:
-                        logits[ts_begin : token + 1] = _DISABLED
-                        break
-        if check_timestamp_mass:
-            # If the probability mass of all timestamps beats every single text token, the
-            # next token must be a timestamp (compared in log space, as CTranslate2 does).
-            text = logits[:ts_begin]
-            timestamp_mass = _logsumexp(logits[ts_begin:])
-            best_text = float(np.max(text))
-            if timestamp_mass > best_text:
-                text[:] = _DISABLED
-            return abs(timestamp_mass - best_text) if np.isfinite(timestamp_mass - best_text) else np.inf
-        return np.inf
+        facts = self._row_facts(generated, (), 1) if self.timestamps else None
+        _, rule_margins = self._choose_rows(logits[None], len(generated), facts)
+        return float(rule_margins[0])
 
     def choose(self, logits: np.ndarray, generated: Sequence[int]) -> Tuple[int, float, float]:
-        """Apply the rules and pick greedily.
+        """Apply the rules and pick greedily: ``choose_block`` on one row.
 
         Args:
             logits: [vocab] float32 raw logits; edited in place.
@@ -169,14 +127,9 @@ class LogitRules:
             is how close the choice came to going another way, in logits: the gap between the
             best and second-best edited logits, or the timestamp-mass rule's own gap if smaller.
         """
-        margin = self.apply(logits, generated)
-        token = int(np.argmax(logits))
-        best = logits[token]
-        logits[token] = _DISABLED
-        runner_up = np.max(logits)
-        logits[token] = best
-        margin = min(margin, float(best - runner_up)) if np.isfinite(runner_up) else margin
-        return token, float(best - _logsumexp(logits)), margin
+        choice = self.choose_block(logits[None], generated, ())
+        token = int(choice.tokens[0])
+        return token, float(choice.log_probs([token])[0]), float(choice.margins(1)[0])
 
     def choose_block(
         self, logits: np.ndarray, generated: Sequence[int], drafts: Sequence[int], until_mismatch: bool = False
@@ -233,8 +186,7 @@ class LogitRules:
         return self._timestamp_rules_block(logits, *facts)
 
     def _row_facts(self, generated: Sequence[int], drafts: Sequence[int], rows: int):
-        """What ``_apply_timestamp_rules`` disables in each row of a block, from the tokens
-        before it: the lowest and highest timestamp id a row allows, the end of the text range
+        """What the timestamp rules disable in each row of a block, from the tokens before it: the lowest and highest timestamp id a row allows, the end of the text range
         it disables (0: none) and whether the timestamp-mass rule applies (four lists of
         ``rows`` scalars). A few scalars per row cost less in Python than the dozen tiny numpy
         calls (~2 us each) the same logic takes as vectors."""
@@ -275,7 +227,7 @@ class LogitRules:
         return lowest, highest, text_end, checked
 
     def _timestamp_rules_block(self, logits: np.ndarray, lowest, highest, text_end, checked):
-        """``_apply_timestamp_rules`` on consecutive rows [r, vocab], in place, given their
+        """Whisper's timestamp rules on consecutive rows [r, vocab], in place, given their
         ``_row_facts``, and the argmax of each row: each edit is one array operation over the
         rows. The text part is read once: its argmax and maximum serve both the
         timestamp-mass rule and the choice.
@@ -308,7 +260,7 @@ class LogitRules:
         margins = np.full(rows, np.inf)
         if any(checked):
             # If the probability mass of all timestamps beats every single text token, the
-            # next token must be a timestamp (compared in log space, as in ``apply``).
+            # next token must be a timestamp (compared in log space, as CTranslate2 does).
             checked = np.flatnonzero(checked)
             timestamp_mass = _logsumexp_rows(timestamps[checked], best_timestamp[checked])
             text_best = best_text[checked]
@@ -385,7 +337,7 @@ def draw(weights: np.ndarray, uniform: float) -> int:
 
 
 def _logsumexp_rows(values: np.ndarray, peaks: np.ndarray) -> np.ndarray:
-    """``_logsumexp`` of each row of [rows, columns] -> [rows], given each row's maximum [rows],
+    """log(sum(exp)) of each row of [rows, columns] -> [rows], given each row's maximum [rows],
     in the values' precision (float32 logits: as CTranslate2's own float32 log-softmax, and
     twice as fast as in float64); the sum is pairwise. Used on the 1,501 timestamp columns."""
     finite = np.isfinite(peaks)
@@ -393,10 +345,3 @@ def _logsumexp_rows(values: np.ndarray, peaks: np.ndarray) -> np.ndarray:
     np.exp(shifted, out=shifted)
     with np.errstate(divide="ignore"):
         return np.where(finite, peaks + np.log(shifted.sum(axis=1)), peaks)
-
-
-def _logsumexp(values: np.ndarray) -> float:
-    peak = np.max(values)
-    if not np.isfinite(peak):
-        return float(peak)
-    return float(peak + np.log(np.sum(np.exp(values - peak))))
