@@ -45,6 +45,16 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "that cannot be decoded are listed in OUTPUT_DIR/failures.tsv and the exit code is 1.",
     )
     transcribe.add_argument("files", nargs="+", help="audio files, folders, or .txt/.lst files listing paths")
+    transcribe.add_argument("--output-format", default="txt", choices=["txt", "srt", "vtt", "json", "all"])
+    transcribe.add_argument("--output-dir", default=".", help="where the files go (default: here)")
+    _add_model_options(transcribe.add_argument_group("the model"))
+    _add_layout_options(transcribe.add_argument_group("how the files are shared out"))
+    _add_transcribe_options(transcribe.add_argument_group("transcribe()'s options"))
+    transcribe.set_defaults(handler=run)
+    return transcribe
+
+
+def _add_model_options(transcribe) -> None:
     transcribe.add_argument("--model", default="tiny.en", help="embedded model name or model directory")
     transcribe.add_argument(
         "--device",
@@ -60,6 +70,24 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="default int8; float16, int8_float16 and bfloat16 run on a GPU only",
     )
     transcribe.add_argument(
+        "--near-exact",
+        action="store_true",
+        help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
+        "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()",
+    )
+    transcribe.add_argument(
+        "--stock-engine",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="FlashWhisperModel(stock_engine=...) (default: on)",
+    )
+    transcribe.add_argument(
+        "--drafter", default=None, help="drafter directory, e.g. one ct2-flash adapt wrote (default: the shipped one)"
+    )
+
+
+def _add_layout_options(transcribe) -> None:
+    transcribe.add_argument(
         "--jobs",
         type=int,
         default=None,
@@ -69,6 +97,19 @@ def add_parser(commands) -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--threads", type=int, default=None, help="CPU threads per job (default: the cores divided among the jobs)"
     )
+    transcribe.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run as a Ray Data job, one model per actor (--jobs: the most actors), on the cluster at ADDRESS "
+        "(ray.init's address: auto, ray://HEAD:10001, ...) or, without one, a local Ray instance; every node "
+        "must see --output-dir. Needs pip install 'ct2-flash[ray]'",
+    )
+
+
+def _add_transcribe_options(transcribe) -> None:
     transcribe.add_argument("--language", default=None, help="language code (default: the model's, or detected)")
     transcribe.add_argument(
         "--beam-size",
@@ -76,8 +117,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
         default=1,
         help="1 (default) decodes speculatively; larger runs CTranslate2's beam search",
     )
-    transcribe.add_argument("--output-format", default="txt", choices=["txt", "srt", "vtt", "json", "all"])
-    transcribe.add_argument("--output-dir", default=".", help="where the files go (default: here)")
     transcribe.add_argument("--word-timestamps", action="store_true")
     transcribe.add_argument("--vad-filter", action="store_true")
     transcribe.add_argument(
@@ -95,47 +134,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
             default=None,
             help=f"transcribe()'s {name} (default: faster-whisper's)",
         )
-    transcribe.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="run as a Ray Data job, one model per actor (--jobs: the most actors), on the cluster at ADDRESS "
-        "(ray.init's address: auto, ray://HEAD:10001, ...) or, without one, a local Ray instance; every node "
-        "must see --output-dir. Needs pip install 'ct2-flash[ray]'",
-    )
-    transcribe.add_argument(
-        "--near-exact",
-        action="store_true",
-        help="run the loop at int8 too, where its output equals faster-whisper's on most windows "
-        "but not all (docs/exactness.md); without it int8 calls use CTranslate2's generate()",
-    )
-    transcribe.add_argument(
-        "--stock-engine",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="FlashWhisperModel(stock_engine=...) (default: on)",
-    )
-    transcribe.add_argument(
-        "--drafter", default=None, help="drafter directory, e.g. one ct2-flash adapt wrote (default: the shipped one)"
-    )
-    transcribe.set_defaults(handler=run)
-    return transcribe
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from ct2_flash.jobs.collection import (
-        CollectionError,
-        check_output_folder,
-        default_layout,
-        find_audio,
-        pending,
-        transcribe_found,
-        transcribe_on_ray,
-    )
+    from ct2_flash.jobs.collection import CollectionError, check_output_folder, find_audio
     from ct2_flash.jobs.outputs import FORMATS
 
     formats = FORMATS if args.output_format == "all" else (args.output_format,)
@@ -151,29 +153,73 @@ def run(args: argparse.Namespace) -> int:
     if not files:
         print(f"ct2-flash transcribe: no audio files in {', '.join(args.files)}", file=sys.stderr)
         return 2
+    model, results = _results(args, files, formats)
+    if model is False:
+        return 2
+    started = time.perf_counter()
+    try:
+        counts, failures, audio_seconds = _follow(results, len(files))
+    except CollectionError as error:  # --ray: Ray missing, or the cluster does not answer
+        print(f"ct2-flash transcribe: {error}", file=sys.stderr)
+        return 2
+    except _Interrupted as interrupted:
+        print(
+            f"ct2-flash transcribe: interrupted; {interrupted.done} file(s) transcribed and written, the rest "
+            "untouched (run the same command again to go on)",
+            file=sys.stderr,
+        )
+        return 130
+    elapsed = time.perf_counter() - started
+    failures_path = _write_failures(args.output_dir, failures)
+    print(
+        f"{counts['done']} transcribed, {counts['skipped']} skipped (outputs existed), {counts['failed']} failed"
+        + (f" (listed in {failures_path})" if failures else "")
+        + f"; {_clock(audio_seconds)} of audio ({audio_seconds / 3600:.2f} h) in {_clock(elapsed)}"
+        + (f" (real-time factor {elapsed / audio_seconds:.3f})" if audio_seconds else ""),
+        file=sys.stderr,
+    )
+    _print_calls(model)
+    return 1 if failures else 0
+
+
+def _results(args: argparse.Namespace, files, formats):
+    """(the model, or None on Ray or with nothing to do, or False where it could not be made;
+    the iterator of ``FileResult``s), with the jobs and threads of ``default_layout``."""
+    from ct2_flash.jobs.collection import default_layout, pending, transcribe_found, transcribe_on_ray
+
     todo = pending(files, args.output_dir, formats)
-    args.jobs_given = args.jobs
+    jobs_given = args.jobs
     args.jobs, args.threads = default_layout(len(todo), args.jobs, args.threads)
     if args.ray is not None:
-        model = None
-        results = transcribe_on_ray(
-            files,
-            args.output_dir,
-            formats,
-            _model_options(args),
-            address=args.ray or None,
-            actors=None if args.jobs_given is None else args.jobs,
-            **_transcribe_options(args),
+        actors = None if jobs_given is None else args.jobs
+        options = _transcribe_options(args)
+        return None, transcribe_on_ray(
+            files, args.output_dir, formats, _model_options(args), address=args.ray or None, actors=actors, **options
         )
-    else:
-        model = _transcription_model(args) if todo else None
-        if model is False:
-            return 2
-        results = transcribe_found(files, args.output_dir, formats, model, args.jobs, **_transcribe_options(args))
+    model = _transcription_model(args) if todo else None
+    if model is False:
+        return False, iter(())
+    return model, transcribe_found(files, args.output_dir, formats, model, args.jobs, **_transcribe_options(args))
+
+
+class _Interrupted(Exception):
+    """Ctrl-C while following the results, after ``done`` files were written."""
+
+    def __init__(self, done: int) -> None:
+        super().__init__(done)
+        self.done = done
+
+
+def _follow(results, total: int):
+    """Count the results as they come, with a progress bar (files, audio time, real-time
+    factor) and each failure as it happens. Returns (counts by status, failure lines, audio
+    seconds); ``_Interrupted`` on Ctrl-C."""
+    from tqdm import tqdm
+
     counts = {"done": 0, "skipped": 0, "failed": 0}
     failures: List[str] = []
     audio_seconds, started = 0.0, time.perf_counter()
-    bar = tqdm(total=len(files), unit="file", disable=len(files) < 2, file=sys.stderr)
+    bar = tqdm(total=total, unit="file", disable=total < 2, file=sys.stderr)
     try:
         for result in results:
             counts[result.status] += 1
@@ -188,41 +234,28 @@ def run(args: argparse.Namespace) -> int:
                 refresh=False,
             )
             bar.update(1)
-    except CollectionError as error:  # --ray: Ray missing, or the cluster does not answer
-        bar.close()
-        print(f"ct2-flash transcribe: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
+        raise _Interrupted(counts["done"]) from None
+    finally:
         bar.close()
-        print(
-            f"ct2-flash transcribe: interrupted; {counts['done']} file(s) transcribed and written, the rest "
-            "untouched (run the same command again to go on)",
-            file=sys.stderr,
-        )
-        return 130
-    bar.close()
-    elapsed = time.perf_counter() - started
-    failures_path = _write_failures(args.output_dir, failures)
+    return counts, failures, audio_seconds
+
+
+def _print_calls(model) -> None:
+    """How the model's calls were served (a ct2-flash model only)."""
+    if model is None or not hasattr(model, "spec_stats"):
+        return
+    stats = model.spec_stats
     print(
-        f"{counts['done']} transcribed, {counts['skipped']} skipped (outputs existed), {counts['failed']} failed"
-        + (f" (listed in {failures_path})" if failures else "")
-        + f"; {_clock(audio_seconds)} of audio ({audio_seconds / 3600:.2f} h) in {_clock(elapsed)}"
-        + (f" (real-time factor {elapsed / audio_seconds:.3f})" if audio_seconds else ""),
+        f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate(), "
+        f"{stats.fallback_calls} not speculative"
+        + (
+            f"; {stats.tokens_per_call:.2f} tokens per target call, acceptance {stats.acceptance_rate:.1%}"
+            if stats.target_calls
+            else ""
+        ),
         file=sys.stderr,
     )
-    if model is not None and hasattr(model, "spec_stats"):
-        stats = model.spec_stats
-        print(
-            f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate(), "
-            f"{stats.fallback_calls} not speculative"
-            + (
-                f"; {stats.tokens_per_call:.2f} tokens per target call, acceptance {stats.acceptance_rate:.1%}"
-                if stats.target_calls
-                else ""
-            ),
-            file=sys.stderr,
-        )
-    return 1 if failures else 0
 
 
 def _transcribe_options(args: argparse.Namespace) -> dict:
