@@ -97,3 +97,14 @@ def test_every_module_lives_in_a_folder_of_a_layer():
         assert "__init__.py" in files, f"ct2_flash/{relative} has Python files but no __init__.py"
         folders.add(relative.split(os.sep)[0])
     assert folders == set(LAYER_OF) - {"__init__"}, folders ^ (set(LAYER_OF) - {"__init__"})
+
+
+def test_the_package_finds_its_data_files():
+    """Paths the package builds from its own location (a module moved to another folder must
+    move its path with it)."""
+    from ct2_flash.adapter.audio import SAMPLE_AUDIO
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+    from ct2_flash.loop.row_scores import GRAPH_FILE
+
+    assert os.path.isfile(SAMPLE_AUDIO) and os.path.isfile(GRAPH_FILE)
+    assert os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))

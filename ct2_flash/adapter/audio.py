@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 
 # The bundled sample the demo transcribes and the drafter converter validates on.
-SAMPLE_AUDIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample.ogg")
+SAMPLE_AUDIO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sample.ogg")
 
 
 class AudioError(ValueError):

@@ -39,10 +39,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from faster_whisper import WhisperModel
 
-    from ct2_flash.benchmark.measure import measure
-    from ct2_flash.benchmark.stock import local_baseline, stock_systems
-    from ct2_flash.engine.models import resolve_model
     from ct2_flash.adapter.whisper_model import FlashWhisperModel
+    from ct2_flash.benchmark.measure import measure
+    from ct2_flash.engine.models import resolve_model
 
     audio = read_audio(args.audio)
     if audio is None:
@@ -58,9 +57,37 @@ def run(args: argparse.Namespace) -> int:
         redecodes=False,
     )
     transcribe = dict(beam_size=1, without_timestamps=args.no_timestamps)
-    # faster-whisper as users run it (stock ctranslate2, in a worker process; plain, and with
-    # the allocator an informed user preloads) and on this environment's patched runtime, each
-    # timed on the same audio, interleaved with ct2-flash.
+    systems, workers = _stock_systems(args, path, audio, transcribe)
+    patched = WhisperModel(path, **options)
+    systems["patched"] = lambda: measure(patched, audio, **transcribe)
+    try:
+        runs = _interleaved(systems, lambda: measure(flash, audio, **transcribe), flash, args.repeats)
+    finally:
+        for worker in workers.values():
+            worker.close()
+        flash.model.engines.close()
+    print(runs["flash"][-1].text)
+    print()
+    print(
+        f"audio: {args.audio} ({audio.size / 16000:.1f} s), model {args.model}, {args.compute_type}, "
+        f"{args.threads} thread(s), drafter "
+        f"{'none (no call runs the loop)' if flash.model.inexact_reason else type(flash.drafter).__name__}, "
+        f"K={args.k}, stock engine "
+        f"{'on' if flash.model.engines.stock_active else 'off'}"
+    )
+    identical = _print_comparisons(runs, systems, workers, args.repeats)
+    _print_calls(flash)
+    # The promise: the output of the engine ct2-flash stands in for.
+    reference = "stock" if flash.model.engines.stock_active and "stock" in identical else "patched"
+    return 0 if identical[reference] else 1
+
+
+def _stock_systems(args: argparse.Namespace, path: str, audio, transcribe: dict):
+    """faster-whisper as users run it (stock ctranslate2, in a worker process; plain, and with
+    the allocator an informed user preloads): (name -> a timed run, name -> its worker), both
+    empty with a message where stock ctranslate2 cannot be run."""
+    from ct2_flash.benchmark.stock import local_baseline, stock_systems
+
     systems, workers = {}, {}
     try:
         python, stock_path = local_baseline()
@@ -69,36 +96,28 @@ def run(args: argparse.Namespace) -> int:
             systems[name] = lambda worker=worker: worker.measure("demo", audio, seed=0, **transcribe)
     except RuntimeError as error:
         print(f"ct2-flash demo: no comparison with stock ctranslate2: {error}", file=sys.stderr)
-    stock = workers.get("stock")
-    patched = WhisperModel(path, **options)
-    systems["patched"] = lambda: measure(patched, audio, **transcribe)
-    try:
-        for run in systems.values():  # warm-up
-            run()
-        measure(flash, audio, **transcribe)
-        flash.reset_spec_stats()
-        runs = {name: [] for name in (*systems, "flash")}
-        for _ in range(args.repeats):  # interleaved, so load drift hits every system alike
-            for name, run in systems.items():
-                runs[name].append(run())
-            runs["flash"].append(measure(flash, audio, **transcribe))
-    finally:
-        for worker in workers.values():
-            worker.close()
-        flash.model.engines.close()
+    return systems, workers
 
-    stats = flash.spec_stats
-    duration = audio.size / 16000
-    print(runs["flash"][-1].text)
-    print()
-    print(
-        f"audio: {args.audio} ({duration:.1f} s), model {args.model}, {args.compute_type}, "
-        f"{args.threads} thread(s), drafter "
-        f"{'none (no call runs the loop)' if flash.model.inexact_reason else type(flash.drafter).__name__}, "
-        f"K={args.k}, stock engine "
-        f"{'on' if flash.model.engines.stock_active else 'off'}"
-    )
-    tuned = workers.get("tuned_stock")
+
+def _interleaved(systems: dict, flash_run, flash, repeats: int) -> dict:
+    """Name -> ``repeats`` measurements of each system and of ct2-flash ("flash"), after a
+    warm-up, in turns, so that load drift hits every system alike."""
+    for run in systems.values():
+        run()
+    flash_run()
+    flash.reset_spec_stats()
+    runs = {name: [] for name in (*systems, "flash")}
+    for _ in range(repeats):
+        for name, run in systems.items():
+            runs[name].append(run())
+        runs["flash"].append(flash_run())
+    return runs
+
+
+def _print_comparisons(runs: dict, systems: dict, workers: dict, repeats: int) -> dict:
+    """One line per system against ct2-flash; returns name -> whether every run's tokens were
+    identical."""
+    stock, tuned = workers.get("stock"), workers.get("tuned_stock")
     names = {
         "stock": f"faster-whisper on stock ctranslate2 {stock.version if stock else ''}",
         "tuned_stock": f"the same with {tuned.allocator if tuned else ''} (runs {tuned.allocator_loaded if tuned else ''})",
@@ -106,13 +125,20 @@ def run(args: argparse.Namespace) -> int:
     }
     identical = {}
     for name in systems:
-        identical[name] = all(b.tokens == f.tokens for b, f in zip(runs[name], runs["flash"]))
-        whole = statistics.median(b.whole_seconds / f.whole_seconds for b, f in zip(runs[name], runs["flash"]))
-        decode = statistics.median(b.decode_seconds / f.decode_seconds for b, f in zip(runs[name], runs["flash"]))
+        pairs = list(zip(runs[name], runs["flash"]))
+        identical[name] = all(b.tokens == f.tokens for b, f in pairs)
+        whole = statistics.median(b.whole_seconds / f.whole_seconds for b, f in pairs)
+        decode = statistics.median(b.decode_seconds / f.decode_seconds for b, f in pairs)
         print(
             f"vs {names[name]}: tokens identical {'yes' if identical[name] else 'NO'}; speed (median of "
-            f"{args.repeats}) whole path {whole:.2f}x, decode part {decode:.2f}x"
+            f"{repeats}) whole path {whole:.2f}x, decode part {decode:.2f}x"
         )
+    return identical
+
+
+def _print_calls(flash) -> None:
+    """How ct2-flash served its calls, and why none ran in the loop where that is so."""
+    stats = flash.spec_stats
     if flash.model.inexact_reason is not None:
         print(
             f"calls: {stats.fallback_calls} through CTranslate2's generate(): {flash.model.inexact_reason} "
@@ -128,6 +154,3 @@ def run(args: argparse.Namespace) -> int:
             f"speculative calls: acceptance rate {stats.acceptance_rate:.1%}, "
             f"{stats.tokens_per_call:.2f} tokens per target call"
         )
-    # The promise: the output of the engine ct2-flash stands in for.
-    reference = "stock" if flash.model.engines.stock_active and "stock" in identical else "patched"
-    return 0 if identical[reference] else 1
