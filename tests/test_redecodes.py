@@ -2,7 +2,7 @@
 
 A streaming client transcribes its whole buffer again as audio arrives. The model finds the
 window it decoded before by its first second of audio and offers that hypothesis to the loop
-(``redecodes``, ``drafting.hypothesis``); every token is still verified, so each buffer's
+(``redecodes``); every token is still verified, so each buffer's
 segments must equal plain faster-whisper's on the same engine, whatever the options.
 """
 

@@ -6,7 +6,7 @@ pieces here: ``inexact_reason`` (the model: a compute type or device where the l
 exact), ``ineligible_reason`` (the call's options), ``CallRoutes`` (the ``CallRouter`` that
 decides between the loop and ``generate()``: one for greedy calls, one per sampling
 temperature, one per length of a re-decode's previous hypothesis) and, for calls outside the
-loop, the ``EngineRouter`` of ``engines.Engines`` (which engine).
+loop, the ``EngineRouter`` of ``engine_pair.Engines`` (which engine).
 
 Speculation only pays when the drafter's accepted tokens save more target passes than the
 draft rounds and the wider verification cost, which depends on the drafter, the audio, the
@@ -287,7 +287,7 @@ class Route:
             sampling: its draws are the loop's) instead of going to ``generate()``.
         engine: the engine that serves the call outside the loop ("stock": the worker holding
             the encoding; "patched": the runtime in this process), chosen by the
-            ``EngineRouter`` of ``engines.Engines``; None for a call routed to the loop, whose
+            ``EngineRouter`` of ``engine_pair.Engines``; None for a call routed to the loop, whose
             engine is chosen only if it goes to ``generate()`` after all.
     """
 

@@ -124,7 +124,7 @@ class FlashWhisperModel(WhisperModel):
             ``decoder_split``), and uses the one model otherwise.
         guard_margin: rows of a multi-token verification whose greedy choice is closer than
             this many logits to going another way are decided again by a single-token pass
-            (``acceptance.Guard``); a number, or one per row of the block. Default: 1e-3 at
+            (``guard.Guard``); a number, or one per row of the block. Default: 1e-3 at
             float32, 2.0 at every other compute type, the smallest margin with the most
             identical windows measured (docs/exactness.md, ``bench/results/earlier/guard_margin/``).
             0 turns the guard off.
@@ -146,9 +146,9 @@ class FlashWhisperModel(WhisperModel):
             (``self.model.redecode_routers``, ``routing.RedecodeRouters``), which measure the
             loop first. ``policy=``, its former name, still works and warns.
         redecodes: remember, per thread, the last windows decoded greedily (their first second
-            of audio and their tokens, ``redecodes.REMEMBERED`` of them), and offer a window's previous
+            of audio and their tokens, ``redecodes.memory.REMEMBERED`` of them), and offer a window's previous
             hypothesis to the loop when the same audio is decoded again, as streaming clients
-            do with their growing buffer every second (``redecodes``, ``drafting.hypothesis``);
+            do with their growing buffer every second (``redecodes``);
             the output is the same either way. ``forget_windows()`` forgets this thread's.
             False: every decode is a first one (what benchmarks of fresh audio measure).
         near_exact: also run the loop at compute types other than float32 (int8, int16,
@@ -201,10 +201,7 @@ class FlashWhisperModel(WhisperModel):
     ) -> None:
         call_router = _renamed("policy", policy, "call_router", call_router)
         engine_router = _renamed("engine_policy", engine_policy, "engine_router", engine_router)
-        if decoder_threads not in (None, "auto") and (
-            isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 1
-        ):
-            raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
+        _check_decoder_threads(decoder_threads)
         model_path = resolve_model(model_size_or_path)
         deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine)
         if deferred is not None and deferred.startswith("int8") and near_exact and decoder_threads == "auto":
@@ -224,6 +221,44 @@ class FlashWhisperModel(WhisperModel):
             else contextlib.nullcontext()
         ):
             super().__init__(model_path, *args, **kwargs)
+        decoder, vocabulary = self._decoder(
+            model_path,
+            model_size_or_path,
+            drafter=drafter,
+            num_draft_tokens=num_draft_tokens,
+            adaptive=adaptive,
+            decoder_threads=decoder_threads,
+            guard_margin=guard_margin,
+            seed=seed,
+            draw_drafts=draw_drafts,
+            near_exact=near_exact,
+            deferred=deferred,
+        )
+        if stock is None and stock_engine:
+            stock = self._stock_engine(model_path, args, kwargs, seed, self.model.device, self.model.compute_type)
+        engines = Engines(self.model, stock, engine_router)
+        if stopping is not None:
+            stopping.detach()
+        weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
+        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, call_router, near_exact, engines, redecodes)
+
+    def _decoder(
+        self,
+        model_path: str,
+        name: str,
+        *,
+        drafter: Union[Drafter, str, None],
+        num_draft_tokens: int,
+        adaptive: Union[bool, Adaptive],
+        decoder_threads: Union[int, str, None],
+        guard_margin: Optional[float],
+        seed: Optional[int],
+        draw_drafts: bool,
+        near_exact: bool,
+        deferred: Optional[str],
+    ) -> tuple:
+        """(the loop's ``SpeculativeDecoder`` with its drafter and target runtime, the
+        vocabulary), once faster-whisper's constructor has built ``self.model``."""
         special, vocabulary = load_vocabulary(model_path)
         # Where the loop never runs (int8 without near_exact, a GPU), no second model for it, and
         # no shipped drafter: its graphs and buffers would cost memory and start-up for nothing
@@ -232,7 +267,7 @@ class FlashWhisperModel(WhisperModel):
         loop_runs = inexact_reason(self.model.compute_type, near_exact, self.model.device) is None
         if drafter is None and not loop_runs:
             drafter = PromptLookupDrafter()
-        drafter = open_drafter(drafter, model_size_or_path, model_path, self.model.compute_type)
+        drafter = open_drafter(drafter, name, model_path, self.model.compute_type)
         # Its vocabulary and K: checked before any second model is loaded, by the loop's own check.
         num_draft_tokens = checked_draft_count(drafter, special.vocab_size, num_draft_tokens)
         config = load_config(model_path)
@@ -262,13 +297,7 @@ class FlashWhisperModel(WhisperModel):
             seed=seed,
             draw_drafts=draw_drafts,
         )
-        if stock is None and stock_engine:
-            stock = self._stock_engine(model_path, args, kwargs, seed, self.model.device, self.model.compute_type)
-        engines = Engines(self.model, stock, engine_router)
-        if stopping is not None:
-            stopping.detach()
-        weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
-        self.model = SpeculativeWhisper(self.model, decoder, vocabulary, call_router, near_exact, engines, redecodes)
+        return decoder, vocabulary
 
     @staticmethod
     def _deferred_compute_type(model_path: str, args, kwargs, worker: bool) -> Optional[str]:
@@ -437,6 +466,13 @@ def _renamed(old: str, old_value, new: str, value):
         f"FlashWhisperModel({old}=...) is now {new}=...; {old}= will be removed", DeprecationWarning, stacklevel=3
     )
     return old_value
+
+
+def _check_decoder_threads(decoder_threads) -> None:
+    if decoder_threads not in (None, "auto") and (
+        isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 1
+    ):
+        raise ValueError(f"decoder_threads must be None, 'auto' or an int >= 1, got {decoder_threads!r}")
 
 
 def _deferred_build(resolved: str) -> Callable:

@@ -1,7 +1,7 @@
 """``ct2-flash run -- PROGRAM ARGS...``: run a Python program with ct2-flash installed.
 
 The program runs in this interpreter, as ``python PROGRAM ARGS`` would run it (``__main__``,
-``sys.argv``, ``sys.path[0]``), after ``dropin.install()``: every ``faster_whisper.WhisperModel``
+``sys.argv``, ``sys.path[0]``), after ``ct2_flash.install()``: every ``faster_whisper.WhisperModel``
 it builds is ct2-flash's. In-process, like ``coverage run``, because replacing a class needs
 the program's own interpreter; a program of another Python environment is refused with what
 to do, since its packages are not importable here.
@@ -143,7 +143,7 @@ def run(program: Program, stats_path: Optional[str] = None) -> int:
 
 
 def write_stats_at_exit(path: str, program: str) -> None:
-    """Write ``dropin.stats()`` to ``path`` (JSON) when the interpreter exits."""
+    """Write ``swap.stats()`` to ``path`` (JSON) when the interpreter exits."""
     atexit.register(_write_stats, path, program)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
         # SIGTERM's default ends the process without exit handlers; as an exception, the stats

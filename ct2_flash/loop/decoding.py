@@ -135,7 +135,7 @@ class SpeculativeDecoder:
             here; the model adapter turns them on).
         guard_margin: a row of a multi-token pass whose choice is closer than this (in logits,
             see ``LogitRules.choose``) to going another way is decided again by a single-token
-            pass, which is what greedy ``generate()`` computes (``acceptance.Guard``).
+            pass, which is what greedy ``generate()`` computes (``guard.Guard``).
             Multi-token rows are not the same computation as single steps (at int8 they move by
             up to ~1 logit), so this trades a few extra passes for identity; 0 turns it off. A
             sequence gives one margin per row of the block (row 0 follows the anchor; the last

@@ -44,7 +44,7 @@ class SpecStats:
         continued_rows: one-row greedy calls sent to ``generate()`` that outgrew their audio
             (``speculative_whisper.longest_plausible``) and were finished in the loop.
         redecodes: greedy calls whose window's audio the same thread decoded before (its
-            previous hypothesis is offered, ``redecodes.RecentWindows``).
+            previous hypothesis is offered, ``redecodes.memory.RecentWindows``).
         offered_rounds: rounds that verified offered tokens (a previous hypothesis of the
             same audio, ``Drafter.offered``); ``offered`` of them were verified and
             ``offered_accepted`` accepted (also counted in ``proposed`` / ``accepted``).
