@@ -642,24 +642,14 @@ def fit(
     ``deadline``: a ``time.time()`` after which the run saves and stops before its last step
     (``stopped_at`` in the record); the schedule stays the one ``config`` sets.
     """
-    from tqdm import tqdm
-
-    from ct2_flash.engine.models import resolve_model
     from ct2_flash.adapter.whisper_model import FlashWhisperModel
+    from ct2_flash.engine.models import resolve_model
 
     torch.set_num_threads(threads)
     model_path = resolve_model(model_name)
     state_path = os.path.join(out_dir, "train_state")
     resumed = os.path.exists(state_path + ".json")
-    data = {"train_ids": teacher_ids(data_dir, "train"), "validation_ids": teacher_ids(data_dir, "validation")}
-    if resumed:  # the utterances the run started with, so that it draws the same batches
-        with open(state_path + ".json", encoding="utf-8") as stream:
-            saved = json.load(stream)
-        current = data["train_ids"]
-        data = {key: list(dict.fromkeys(saved.get(key, value))) for key, value in data.items()}
-        if grow:
-            known = set(data["train_ids"])
-            data["train_ids"] = data["train_ids"] + [i for i in current if i not in known]
+    data = _utterance_ids(data_dir, state_path if resumed else None, grow)
     train = load_examples(data_dir, "train", ids=data["train_ids"])
     valid = load_examples(data_dir, "validation", config.validation_windows, ids=data["validation_ids"])
     loaded = {os.path.basename(e.path) for e in train + valid}
@@ -675,106 +665,169 @@ def fit(
     )
     special = target.decoder.runtime.special
     real = speech_windows(target, real_speech, config.validation_windows)
-    chosen_by = "real" if real else "validation"
     if init_from is not None:
-        model = load_checkpoint(init_from, model_path)
-        drafter_config = model.config
-        wanted = {"use_audio": use_audio, "use_history": use_history}
-        clashes = [f"{name}={value}" for name, value in wanted.items() if getattr(drafter_config, name) != value]
-        if clashes:
-            raise ValueError(f"{init_from} was not trained with {', '.join(clashes)}")
+        model = _checkpoint_to_train(init_from, model_path, use_audio, use_history)
     else:
         text_counts = text_token_counts(data_dir, target.hf_tokenizer, special.vocab_size)
         shortlist = shortlist_from(train, shortlist_size, special, text_counts)
-        # Causal blocks: a round that verifies few drafts computes only their rows.
-        drafter_config = DrafterConfig(
-            target=target_identity(model_path, model_name),
-            shortlist_size=len(shortlist),
-            use_audio=use_audio,
-            use_history=use_history,
-            causal_blocks=True,
-        )
-        model = FlashDrafterModel(drafter_config)
-        model.init_from_target(CT2ModelFile(model_path))
-        model.shortlist.copy_(torch.from_numpy(shortlist))
+        model = _new_drafter(model_path, model_name, shortlist, use_audio, use_history)
     freeze_for(model, config.trained)
     model.train()
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    by_length = order_by_length(train)
-
     os.makedirs(out_dir, exist_ok=True)
-    meta = {
-        "step": 0,
-        "best": -1.0,
-        "validations": [],
-        "fit_config": asdict(config),
-        "train_utterances": len(train),
-        "validation_utterances": len(valid),
-        "seconds": 0.0,
-        "losses": [],
-        "init_from": init_from,
-        "best_by": chosen_by,
-        **data,
-    }
-    if resumed:
-        meta = _load_state(state_path, model, optimizer)
-        if len(data["train_ids"]) > len(meta.get("train_ids", data["train_ids"])):
-            meta.setdefault("data_growth", []).append({"step": meta["step"], "train_utterances": len(train)})
-        meta.update(data)  # runs saved before the ids were recorded keep what they resume with
-        meta["train_utterances"] = len(train)
-        if meta.get("best_by", "validation") != chosen_by:  # scores of another set do not compare
-            meta.update(best=-1.0, best_by=chosen_by)
+    meta = _run_record(
+        state_path if resumed else None,
+        model,
+        optimizer,
+        dict(fit_config=asdict(config), init_from=init_from, best_by="real" if real else "validation", **data),
+        len(train),
+        len(valid),
+    )
     meta["real_speech"] = [window.name for window in real]
     meta["compute_type"] = target.decoder.runtime.model.compute_type
     # Runs started before causal blocks existed switch to them when they resume (a fine-tune
     # from that step on); the step is recorded.
-    if drafter_config.causal_blocks:
+    if model.config.causal_blocks:
         meta.setdefault("causal_blocks_from_step", meta["step"])
     meta["skipped_files"] = sorted(set(meta.get("skipped_files", [])) | set(unreadable))
-    # After the resume: the shortlist is the saved one. The data may have grown since, and a
-    # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
-    # instead of ~3 was the sign).
-    full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
-    full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
-    started = time.time() - meta["seconds"]
+    training = _Training(model, optimizer, target, valid, real, config, meta, out_dir)
     if init_from is not None and meta["step"] == 0 and not meta["validations"]:
         _validate(model, target, valid, real, config, meta, out_dir)
-    bar = tqdm(total=config.steps, initial=meta["step"], desc="fit", disable=not progress)
-    while meta["step"] < config.steps:
-        step = meta["step"]
-        if deadline is not None and time.time() > deadline:
-            logging.getLogger(__name__).warning(
-                "fit: out of time at step %d of %d; the best checkpoint so far stays", step, config.steps
-            )
-            meta["stopped_at"] = step
-            meta["seconds"] = time.time() - started
-            _save_state(state_path, model, optimizer, meta)
-            break
-        model.train()
-        rng = np.random.default_rng([config.seed, step])
-        chosen = [train[i] for i in sample_batch(by_length, config.batch_size, rng)]
-        try:
-            batch = make_batch(
-                chosen, drafter_config.num_draft_tokens, config.blocks_per_utterance, rng, config.audio_window
-            )
-        except DAMAGED as error:  # an encoder output that no longer reads: drop it, draw again
-            damaged = next(e for e in chosen if not _readable(e))
-            logging.getLogger(__name__).warning("dropped teacher file %s at step %d: %s", damaged.path, step, error)
-            meta["skipped_files"].append(os.path.basename(damaged.path))
-            train = [e for e in train if e.path != damaged.path]
-            if not train:
-                raise RuntimeError(f"every training file in {data_dir} is damaged")
-            by_length = order_by_length(train)
-            continue
-        loss = train_step(model, optimizer, batch, full_to_short, config, step)
-        meta["step"] = step + 1
-        meta["losses"].append(round(loss, 4))
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}")
-        if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
-            _validate(model, target, valid, real, config, meta, out_dir)
-        if meta["step"] % config.save_every == 0 or meta["step"] == config.steps:
-            meta["seconds"] = time.time() - started
-            _save_state(state_path, model, optimizer, meta)
-    bar.close()
+    training.run(train, data_dir, deadline, progress)
     return meta
+
+
+def _utterance_ids(data_dir: str, state_path: Optional[str], grow: bool) -> dict:
+    """{"train_ids", "validation_ids"}: the teacher data's, or for a resumed run (its
+    ``state_path``) the utterances it started with, so that it draws the same batches (with
+    ``grow``, and the training utterances extracted since)."""
+    data = {"train_ids": teacher_ids(data_dir, "train"), "validation_ids": teacher_ids(data_dir, "validation")}
+    if state_path is None:
+        return data
+    with open(state_path + ".json", encoding="utf-8") as stream:
+        saved = json.load(stream)
+    current = data["train_ids"]
+    data = {key: list(dict.fromkeys(saved.get(key, value))) for key, value in data.items()}
+    if grow:
+        known = set(data["train_ids"])
+        data["train_ids"] = data["train_ids"] + [i for i in current if i not in known]
+    return data
+
+
+def _checkpoint_to_train(init_from: str, model_path: str, use_audio: bool, use_history: bool):
+    """A drafter checkpoint to go on training; ValueError if it was trained otherwise."""
+    model = load_checkpoint(init_from, model_path)
+    wanted = {"use_audio": use_audio, "use_history": use_history}
+    clashes = [f"{name}={value}" for name, value in wanted.items() if getattr(model.config, name) != value]
+    if clashes:
+        raise ValueError(f"{init_from} was not trained with {', '.join(clashes)}")
+    return model
+
+
+def _new_drafter(model_path: str, model_name: str, shortlist: np.ndarray, use_audio: bool, use_history: bool):
+    """A new drafter on the target's own blocks, with this shortlist."""
+    # Causal blocks: a round that verifies few drafts computes only their rows.
+    drafter_config = DrafterConfig(
+        target=target_identity(model_path, model_name),
+        shortlist_size=len(shortlist),
+        use_audio=use_audio,
+        use_history=use_history,
+        causal_blocks=True,
+    )
+    model = FlashDrafterModel(drafter_config)
+    model.init_from_target(CT2ModelFile(model_path))
+    model.shortlist.copy_(torch.from_numpy(shortlist))
+    return model
+
+
+def _run_record(
+    state_path: Optional[str], model, optimizer, fields: dict, train_utterances: int, validation_utterances: int
+) -> dict:
+    """The run's record (``train_state.json``): a new one with ``fields`` (the config, the
+    utterance ids, where it started, what chooses the best), or for a resumed run the saved one,
+    the model and optimizer loaded from it, brought up to date."""
+    if state_path is None:
+        return {
+            "step": 0,
+            "best": -1.0,
+            "validations": [],
+            "train_utterances": train_utterances,
+            "validation_utterances": validation_utterances,
+            "seconds": 0.0,
+            "losses": [],
+            **fields,
+        }
+    meta = _load_state(state_path, model, optimizer)
+    if len(fields["train_ids"]) > len(meta.get("train_ids", fields["train_ids"])):
+        meta.setdefault("data_growth", []).append({"step": meta["step"], "train_utterances": train_utterances})
+    # Runs saved before the ids were recorded keep what they resume with.
+    meta.update(train_ids=fields["train_ids"], validation_ids=fields["validation_ids"])
+    meta["train_utterances"] = train_utterances
+    if meta.get("best_by", "validation") != fields["best_by"]:  # scores of another set do not compare
+        meta.update(best=-1.0, best_by=fields["best_by"])
+    return meta
+
+
+class _Training:
+    """The steps of one ``fit`` run, from ``meta["step"]`` to the schedule's end."""
+
+    def __init__(self, model, optimizer, target, valid, real, config: FitConfig, meta: dict, out_dir: str) -> None:
+        self.model, self.optimizer, self.target = model, optimizer, target
+        self.valid, self.real, self.config, self.meta, self.out_dir = valid, real, config, meta, out_dir
+        self.state_path = os.path.join(out_dir, "train_state")
+        # After the resume: the shortlist is the saved one. The data may have grown since, and a
+        # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
+        # instead of ~3 was the sign).
+        special = target.decoder.runtime.special
+        self.full_to_short = torch.full((special.vocab_size,), IGNORE, dtype=torch.long)
+        self.full_to_short[model.shortlist] = torch.arange(len(model.shortlist))
+        self.started = time.time() - meta["seconds"]
+
+    def run(self, train: list, data_dir: str, deadline: Optional[float], progress: bool) -> None:
+        """Batches, validations and saves as the config says, until the last step or the
+        ``deadline`` (then saved, ``stopped_at``). A teacher file that no longer reads is
+        dropped and the batch drawn again."""
+        from tqdm import tqdm
+
+        config, meta = self.config, self.meta
+        by_length = order_by_length(train)
+        bar = tqdm(total=config.steps, initial=meta["step"], desc="fit", disable=not progress)
+        while meta["step"] < config.steps:
+            step = meta["step"]
+            if deadline is not None and time.time() > deadline:
+                logging.getLogger(__name__).warning(
+                    "fit: out of time at step %d of %d; the best checkpoint so far stays", step, config.steps
+                )
+                meta["stopped_at"] = step
+                self.save()
+                break
+            self.model.train()
+            rng = np.random.default_rng([config.seed, step])
+            chosen = [train[i] for i in sample_batch(by_length, config.batch_size, rng)]
+            try:
+                batch = make_batch(
+                    chosen, self.model.config.num_draft_tokens, config.blocks_per_utterance, rng, config.audio_window
+                )
+            except DAMAGED as error:  # an encoder output that no longer reads: drop it, draw again
+                damaged = next(e for e in chosen if not _readable(e))
+                logging.getLogger(__name__).warning("dropped teacher file %s at step %d: %s", damaged.path, step, error)
+                meta["skipped_files"].append(os.path.basename(damaged.path))
+                train = [e for e in train if e.path != damaged.path]
+                if not train:
+                    raise RuntimeError(f"every training file in {data_dir} is damaged")
+                by_length = order_by_length(train)
+                continue
+            loss = train_step(self.model, self.optimizer, batch, self.full_to_short, config, step)
+            meta["step"] = step + 1
+            meta["losses"].append(round(loss, 4))
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+            if meta["step"] % config.validate_every == 0 or meta["step"] == config.steps:
+                _validate(self.model, self.target, self.valid, self.real, config, meta, self.out_dir)
+            if meta["step"] % config.save_every == 0 or meta["step"] == config.steps:
+                self.save()
+        bar.close()
+
+    def save(self) -> None:
+        self.meta["seconds"] = time.time() - self.started
+        _save_state(self.state_path, self.model, self.optimizer, self.meta)
