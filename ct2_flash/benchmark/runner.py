@@ -216,7 +216,6 @@ def run_setting(
             stock.close()
         flash.model.engines.close()  # its stock worker, if it has one
     rows = [_utterance_row(u, audio[u.path], runs[i]) for i, u in enumerate(utterances)]
-    engines = flash.model.engines
     return {
         "compute_type": compute_type,
         "threads": threads,
@@ -230,25 +229,31 @@ def run_setting(
         "stock_allocators": allocators_of(stocks),
         # The stock engine's worker (if on): generate() calls each engine served over the
         # whole setting (warm-up included), and the greedy costs per token it measured.
-        "engines": {
-            "stock_active": engines.stock_active,
-            "generate_calls": dict(engines.generate_calls),
-            "patched_cost": engines.engine_router.patched_cost,
-            "stock_cost": dict(engines.engine_router.stock_cost),
-            "stock_failures": engines.stock_failures,
-            "keeps_freed_memory": engines.stock.keeps_freed_memory if engines.stock is not None else None,
-            "allocator": engines.stock.allocator if engines.stock is not None else None,
-            # Per request kind: requests, seconds from send to answer, seconds the
-            # worker spent on them (the difference is the channel: pipes, copies, JSON).
-            "channel": {
-                op: {"requests": n, "round_trip_seconds": trip, "worker_seconds": work}
-                for op, (n, trip, work) in engines.stock.timings.items()
-            }
-            if engines.stock is not None
-            else {},
-        },
+        "engines": _engines_report(flash.model.engines),
         "summary": summarise(rows),
         "utterances": rows,
+    }
+
+
+def _engines_report(engines) -> dict:
+    """What the model's two engines did over a setting."""
+    stock = engines.stock
+    return {
+        "stock_active": engines.stock_active,
+        "generate_calls": dict(engines.generate_calls),
+        "patched_cost": engines.engine_router.patched_cost,
+        "stock_cost": dict(engines.engine_router.stock_cost),
+        "stock_failures": engines.stock_failures,
+        "keeps_freed_memory": stock.keeps_freed_memory if stock is not None else None,
+        "allocator": stock.allocator if stock is not None else None,
+        # Per request kind: requests, seconds from send to answer, seconds the worker spent on
+        # them (the difference is the channel: pipes, copies, JSON).
+        "channel": {
+            op: {"requests": n, "round_trip_seconds": trip, "worker_seconds": work}
+            for op, (n, trip, work) in stock.timings.items()
+        }
+        if stock is not None
+        else {},
     }
 
 
@@ -473,43 +478,8 @@ def summarise(rows: Sequence[dict]) -> dict:
         # An utterance without any draft round has empty lists.
         proposed[: len(r["proposed_by_position"])] += np.asarray(r["proposed_by_position"], dtype=np.int64)
         accepted[: len(r["accepted_by_position"])] += np.asarray(r["accepted_by_position"], dtype=np.int64)
-    systems = {}
     stocks = tuple(name for name in STOCK_SYSTEMS if rows and all(name in r for r in rows))
-    for system in ("baseline", "flash", *stocks):
-        whole = sum(r[system]["whole"] for r in rows)
-        decode = sum(r[system]["decode"] for r in rows)
-        encode = sum(r[system]["encode"] for r in rows)
-        split = {"encoder": encode, "decode": decode, "rest of whole path": max(0.0, whole - encode - decode)}
-        if system == "flash":
-            drafter, verify, loop, generate = (
-                sum(r["flash"][part] for r in rows) for part in ("drafter", "verify", "loop", "generate")
-            )
-            # Calls the policy sent to CTranslate2's generate() are decode time too, but not
-            # the loop's: each part gets its own bar.
-            split = {
-                "encoder": encode,
-                "drafter": drafter,
-                "verification": verify,
-                "loop bookkeeping (python, rules)": loop,
-                "generate() calls": generate,
-                "other decode (faster-whisper, wrapper)": max(0.0, decode - drafter - verify - loop - generate),
-                "rest of whole path": max(0.0, whole - encode - decode),
-            }
-        systems[system] = {
-            "audio_seconds_per_second": _ratio(audio_seconds, whole),
-            "generated_tokens_per_second": _ratio(tokens, decode),
-            "whole_seconds": whole,
-            "decode_seconds": decode,
-            "time_split_seconds": split,
-            "wer": word_error_rate([r["reference"] for r in rows], [r[f"{system}_text"] for r in rows])
-            if system not in STOCK_SYSTEMS
-            else None,
-            "wer_interval": word_error_rate_interval(
-                [r["reference"] for r in rows], [r[f"{system}_text"] for r in rows]
-            )
-            if system not in STOCK_SYSTEMS
-            else None,
-        }
+    systems = {system: _system_totals(rows, system, audio_seconds, tokens) for system in ("baseline", "flash", *stocks)}
     buckets = {}
     for label in bucket_labels():
         members = [r for r in rows if r["bucket"] == label]
@@ -542,6 +512,43 @@ def summarise(rows: Sequence[dict]) -> dict:
         "break_even": break_even(rows, systems, tokens),
         "systems": systems,
         "buckets": buckets,
+    }
+
+
+def _system_totals(rows: Sequence[dict], system: str, audio_seconds: float, tokens: int) -> dict:
+    """One system's totals over the utterances: throughput, seconds, the time split (the
+    loop's parts for ct2-flash), WER for the systems that have the references' texts."""
+    whole = sum(r[system]["whole"] for r in rows)
+    decode = sum(r[system]["decode"] for r in rows)
+    encode = sum(r[system]["encode"] for r in rows)
+    split = {"encoder": encode, "decode": decode, "rest of whole path": max(0.0, whole - encode - decode)}
+    if system == "flash":
+        drafter, verify, loop, generate = (
+            sum(r["flash"][part] for r in rows) for part in ("drafter", "verify", "loop", "generate")
+        )
+        # Calls the policy sent to CTranslate2's generate() are decode time too, but not the
+        # loop's: each part gets its own bar.
+        split = {
+            "encoder": encode,
+            "drafter": drafter,
+            "verification": verify,
+            "loop bookkeeping (python, rules)": loop,
+            "generate() calls": generate,
+            "other decode (faster-whisper, wrapper)": max(0.0, decode - drafter - verify - loop - generate),
+            "rest of whole path": max(0.0, whole - encode - decode),
+        }
+    # Stock systems' rows hold no texts of their own (their identity with ct2-flash is counted).
+    scored = system not in STOCK_SYSTEMS
+    references = [r["reference"] for r in rows]
+    texts = [r[f"{system}_text"] for r in rows] if scored else []
+    return {
+        "audio_seconds_per_second": _ratio(audio_seconds, whole),
+        "generated_tokens_per_second": _ratio(tokens, decode),
+        "whole_seconds": whole,
+        "decode_seconds": decode,
+        "time_split_seconds": split,
+        "wer": word_error_rate(references, texts) if scored else None,
+        "wer_interval": word_error_rate_interval(references, texts) if scored else None,
     }
 
 
