@@ -265,69 +265,82 @@ def make_batch(
     longest = max(len(e.tokens) for e in examples)
     soft = all(e.top_ids is not None for e in examples)
     top = examples[0].top_ids.shape[1] if soft else 0
-    history = np.zeros((batch, longest, d), np.float32)
-    history_positions = np.zeros((batch, longest), np.int64)
-    history_length = np.zeros(batch, np.int64)
-    anchors = np.zeros((batch, blocks), np.int64)
-    visible = np.zeros((batch, blocks), np.int64)
-    anchor_positions = np.zeros((batch, blocks), np.int64)
-    labels = np.full((batch, blocks, k), IGNORE, np.int64)
-    soft_ids = np.zeros((batch, blocks, k, top), np.int64)
-    soft_log_probs = np.full((batch, blocks, k, top), -np.inf, np.float32)
     positioned = all(e.attended_frames is not None for e in examples)
     frames = batch_frames(examples, TOTAL_FRAMES)
-    label_frames = np.full((batch, blocks, k), -1, np.int64)
-    cross_mask = np.zeros((batch, blocks, frames), bool)
+    arrays = {
+        "history": np.zeros((batch, longest, d), np.float32),
+        "history_positions": np.zeros((batch, longest), np.int64),
+        "history_length": np.zeros(batch, np.int64),
+        "anchors": np.zeros((batch, blocks), np.int64),
+        "visible": np.zeros((batch, blocks), np.int64),
+        "anchor_positions": np.zeros((batch, blocks), np.int64),
+        "labels": np.full((batch, blocks, k), IGNORE, np.int64),
+        "soft_ids": np.zeros((batch, blocks, k, top), np.int64),
+        "soft_log_probs": np.full((batch, blocks, k, top), -np.inf, np.float32),
+        "label_frames": np.full((batch, blocks, k), -1, np.int64),
+        "cross_mask": np.zeros((batch, blocks, frames), bool),
+    }
     for b, example in enumerate(examples):
-        n, offset = len(example.tokens), len(example.prompt) - 1
-        history[b, :n] = example.states
-        history_positions[b, :n] = offset + np.arange(n)
-        history_length[b] = n
-        choices = rng.choice(n - 1, size=min(blocks, n - 1), replace=False)  # anchors with a label
-        for slot, a in enumerate(sorted(choices)):
-            anchors[b, slot] = example.tokens[a]
-            visible[b, slot] = a + 1  # states 0..a: positions strictly before the anchor's
-            anchor_positions[b, slot] = offset + 1 + a
-            follow = example.tokens[a + 1 : a + 1 + k]
-            labels[b, slot, : len(follow)] = follow
-            if soft:  # row i of the teacher's distribution predicts tokens[i]
-                soft_ids[b, slot, : len(follow)] = example.top_ids[a + 1 : a + 1 + k]
-                soft_log_probs[b, slot, : len(follow)] = example.top_log_probs[a + 1 : a + 1 + k]
-            if positioned:
-                label_frames[b, slot, : len(follow)] = example.attended_frames[a + 1 : a + 1 + k]
-                own = drafter_frames(example, TOTAL_FRAMES)
-                # The runtime places the window after a verification; the first anchor has none.
-                start, stop = (
-                    (0, own)
-                    if audio_window is None or a == 0
-                    else audio_window_span(int(example.attended_frames[a]), own, audio_window)
-                )
-                cross_mask[b, slot, start:stop] = True
-        for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
-            anchor_positions[b, slot] = offset + 1
-            cross_mask[b, slot] = True
-    encoder = np.zeros((batch, frames, examples[0].states.shape[1]), np.float32)
+        _pack_example(arrays, b, example, rng, k, soft, positioned, audio_window)
+    encoder = np.zeros((batch, frames, d), np.float32)
     for b, example in enumerate(examples):  # training utterances store only their own frames
         own = example.encoder_output[:frames]
         encoder[b, : len(own)] = own
-    as_tensor = torch.from_numpy
-    tensors = {
-        "encoder": as_tensor(encoder),
-        "history": as_tensor(history),
-        "history_positions": as_tensor(history_positions),
-        "history_length": as_tensor(history_length),
-        "anchors": as_tensor(anchors),
-        "visible": as_tensor(visible),
-        "anchor_positions": as_tensor(anchor_positions),
-        "labels": as_tensor(labels),
-    }
+    names = ("history", "history_positions", "history_length", "anchors", "visible", "anchor_positions", "labels")
+    tensors = {"encoder": torch.from_numpy(encoder), **{name: torch.from_numpy(arrays[name]) for name in names}}
     if soft:
-        tensors.update(soft_ids=as_tensor(soft_ids), soft_log_probs=as_tensor(soft_log_probs))
+        tensors.update(
+            soft_ids=torch.from_numpy(arrays["soft_ids"]), soft_log_probs=torch.from_numpy(arrays["soft_log_probs"])
+        )
     if positioned:
         tensors.update(
-            label_frames=as_tensor(label_frames), cross_mask=as_tensor(np.repeat(cross_mask, k + 1, axis=1))
-        )  # every token of a block
+            label_frames=torch.from_numpy(arrays["label_frames"]),
+            cross_mask=torch.from_numpy(np.repeat(arrays["cross_mask"], k + 1, axis=1)),  # every token of a block
+        )
     return tensors
+
+
+def _pack_example(
+    arrays: Dict[str, np.ndarray],
+    b: int,
+    example: Example,
+    rng: np.random.Generator,
+    k: int,
+    soft: bool,
+    positioned: bool,
+    audio_window: Optional[Tuple[int, int]],
+) -> None:
+    """Row ``b`` of ``make_batch``'s arrays: the example's history, and up to ``blocks``
+    anchors drawn at random, each with its labels (and soft labels, label frames and the frames
+    its block reads where the batch has them); padding blocks see nothing and learn nothing."""
+    blocks = arrays["anchors"].shape[1]
+    n, offset = len(example.tokens), len(example.prompt) - 1
+    arrays["history"][b, :n] = example.states
+    arrays["history_positions"][b, :n] = offset + np.arange(n)
+    arrays["history_length"][b] = n
+    choices = rng.choice(n - 1, size=min(blocks, n - 1), replace=False)  # anchors with a label
+    for slot, a in enumerate(sorted(choices)):
+        arrays["anchors"][b, slot] = example.tokens[a]
+        arrays["visible"][b, slot] = a + 1  # states 0..a: positions strictly before the anchor's
+        arrays["anchor_positions"][b, slot] = offset + 1 + a
+        follow = example.tokens[a + 1 : a + 1 + k]
+        arrays["labels"][b, slot, : len(follow)] = follow
+        if soft:  # row i of the teacher's distribution predicts tokens[i]
+            arrays["soft_ids"][b, slot, : len(follow)] = example.top_ids[a + 1 : a + 1 + k]
+            arrays["soft_log_probs"][b, slot, : len(follow)] = example.top_log_probs[a + 1 : a + 1 + k]
+        if positioned:
+            arrays["label_frames"][b, slot, : len(follow)] = example.attended_frames[a + 1 : a + 1 + k]
+            own = drafter_frames(example, TOTAL_FRAMES)
+            # The runtime places the window after a verification; the first anchor has none.
+            start, stop = (
+                (0, own)
+                if audio_window is None or a == 0
+                else audio_window_span(int(example.attended_frames[a]), own, audio_window)
+            )
+            arrays["cross_mask"][b, slot, start:stop] = True
+    for slot in range(len(choices), blocks):  # padding blocks: see nothing, learn nothing
+        arrays["anchor_positions"][b, slot] = offset + 1
+        arrays["cross_mask"][b, slot] = True
 
 
 TOTAL_FRAMES = 1500  # encoder frames of a 30 s window
