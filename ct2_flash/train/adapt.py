@@ -144,23 +144,7 @@ def adapt(
     options = AdaptOptions(**plan["options"])  # a resumed run goes on with the options it started with
 
     # 1. audio
-    sources = _timed(
-        plan, work, "audio", lambda: user_audio.prepare(work, plan["files"], progress, options.speed_copies)
-    )
-    data = user_audio.summarize(sources + [user_audio.Source(**s) for s in plan["empty_folders"]])
-    for split, side in (("train", "training"), ("validation", "held-out")):
-        if not user_audio.usable(sources, split):
-            raise AdaptError(
-                f"no usable {side} audio is left ({len(data['skipped'])} skipped: see the log); "
-                f"add recordings with speech"
-            )
-    logger.info(
-        "ct2-flash adapt: %.1f min of training audio in %d files, %.1f min held out in %d files",
-        data["train"]["minutes"],
-        data["train"]["files"],
-        data["validation"]["minutes"],
-        data["validation"]["files"],
-    )
+    sources, data = _audio_step(plan, work, options, progress)
 
     # 2. teacher
     from ct2_flash.train.extract import extract
@@ -181,46 +165,9 @@ def adapt(
         )
 
     # 3. fit
-    from ct2_flash.train.fit import FitConfig, fit, teacher_ids
-
-    steps = plan.setdefault("steps", options.steps or _default_steps(data["train"]["minutes"]))
-    _save_plan(work, plan)
-    held_out = len(teacher_ids(work, "validation"))
-    if not held_out or not teacher_ids(work, "train"):
-        raise AdaptError("the target produced no tokens on the training or the held-out recordings (silence or noise?)")
-    config = FitConfig(
-        steps=steps,
-        batch_size=8,
-        learning_rate=options.learning_rate,
-        warmup_steps=max(1, min(50, steps // 10)),
-        validate_every=max(10, steps // 8),
-        save_every=SAVE_EVERY,
-        validation_windows=min(held_out, MAX_VALIDATION_WINDOWS),
-        trained=options.trained,
-        bf16=options.bf16,
-        audio_window=None if not options.audio_window else FitConfig().audio_window,
-    )
     start = options.start or _shipped(options.model)
     run = os.path.join(work, "run")
-    # Room at the end for the held-out decodes and the export: a tenth of the budget, 3 min at least.
-    reserve = max(180.0, 6.0 * options.minutes)
-    with step_lock(work, "fit"):
-        meta = _timed(
-            plan,
-            work,
-            "training",
-            lambda: fit(
-                work,
-                run,
-                config,
-                model_name=model_path,
-                threads=options.threads,
-                progress=progress,
-                init_from=start,
-                compute_type=options.compute_type,
-                deadline=deadline - reserve,
-            ),
-        )
+    meta = _fit_step(plan, work, options, model_path, data, start, run, deadline, progress)
 
     # 4. export (into the work directory: <out> appears only when everything is there)
     export = os.path.join(work, "export")
@@ -241,6 +188,83 @@ def adapt(
         shutil.rmtree(out, ignore_errors=True)
     os.replace(export, out)
     return report
+
+
+def _audio_step(plan: dict, work: str, options: AdaptOptions, progress: bool):
+    """(the prepared sources, their summary): the recordings decoded, split and checked;
+    AdaptError where one side of the split has no usable audio."""
+    sources = _timed(
+        plan, work, "audio", lambda: user_audio.prepare(work, plan["files"], progress, options.speed_copies)
+    )
+    data = user_audio.summarize(sources + [user_audio.Source(**s) for s in plan["empty_folders"]])
+    for split, side in (("train", "training"), ("validation", "held-out")):
+        if not user_audio.usable(sources, split):
+            raise AdaptError(
+                f"no usable {side} audio is left ({len(data['skipped'])} skipped: see the log); "
+                f"add recordings with speech"
+            )
+    logger.info(
+        "ct2-flash adapt: %.1f min of training audio in %d files, %.1f min held out in %d files",
+        data["train"]["minutes"],
+        data["train"]["files"],
+        data["validation"]["minutes"],
+        data["validation"]["files"],
+    )
+    return sources, data
+
+
+def _fit_step(
+    plan: dict,
+    work: str,
+    options: AdaptOptions,
+    model_path: str,
+    data: dict,
+    start: str,
+    run: str,
+    deadline: float,
+    progress: bool,
+) -> dict:
+    """The training run from ``start`` in ``run``, its steps fixed in the plan at the first
+    try, stopping in time for the held-out decodes and the export; returns its record."""
+    from ct2_flash.train.fit import FitConfig, fit, teacher_ids
+    from ct2_flash.train.step_lock import step_lock
+
+    steps = plan.setdefault("steps", options.steps or _default_steps(data["train"]["minutes"]))
+    _save_plan(work, plan)
+    held_out = len(teacher_ids(work, "validation"))
+    if not held_out or not teacher_ids(work, "train"):
+        raise AdaptError("the target produced no tokens on the training or the held-out recordings (silence or noise?)")
+    config = FitConfig(
+        steps=steps,
+        batch_size=8,
+        learning_rate=options.learning_rate,
+        warmup_steps=max(1, min(50, steps // 10)),
+        validate_every=max(10, steps // 8),
+        save_every=SAVE_EVERY,
+        validation_windows=min(held_out, MAX_VALIDATION_WINDOWS),
+        trained=options.trained,
+        bf16=options.bf16,
+        audio_window=None if not options.audio_window else FitConfig().audio_window,
+    )
+    # Room at the end for the held-out decodes and the export: a tenth of the budget, 3 min at least.
+    reserve = max(180.0, 6.0 * options.minutes)
+    with step_lock(work, "fit"):
+        return _timed(
+            plan,
+            work,
+            "training",
+            lambda: fit(
+                work,
+                run,
+                config,
+                model_name=model_path,
+                threads=options.threads,
+                progress=progress,
+                init_from=start,
+                compute_type=options.compute_type,
+                deadline=deadline - reserve,
+            ),
+        )
 
 
 def cpu_has_bf16() -> bool:

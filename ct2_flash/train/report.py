@@ -9,11 +9,6 @@ import os
 
 def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     """Write ``training_report.md`` and ``validation_curves.png`` into ``out_dir``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     with open(os.path.join(run_dir, "train_state.json"), encoding="utf-8") as stream:
         meta = json.load(stream)
     with open(os.path.join(data_dir, "teacher.jsonl"), encoding="utf-8") as stream:
@@ -25,8 +20,22 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     for record in teacher:
         hours[record["split"]] += seconds[record["id"]] / 3600
         voices[record["split"]].add(record["voice"])
-
     os.makedirs(out_dir, exist_ok=True)
+    _plot_curves(meta, os.path.join(out_dir, "validation_curves.png"))
+    path = os.path.join(out_dir, "training_report.md")
+    with open(path, "w", encoding="utf-8") as stream:
+        stream.write("\n".join(_report_lines(meta, hours, voices)) + "\n")
+    return path
+
+
+def _plot_curves(meta: dict, path: str) -> None:
+    """The training loss and the validations (held-out voices, and real speech where the run
+    validated on some)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     validations = meta["validations"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
     left.plot(range(1, len(meta["losses"]) + 1), meta["losses"], linewidth=0.6)
@@ -56,13 +65,17 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
     right.set(xlabel="step", title="validation, real cached loop")
     right.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(os.path.join(out_dir, "validation_curves.png"), dpi=120)
+    figure.savefig(path, dpi=120)
 
+
+def _report_lines(meta: dict, hours: dict, voices: dict) -> list:
+    """The report's lines: the data, the steps, the best validation and how the run began."""
+    validations = meta["validations"]
     # The checkpoint the run kept: chosen by real speech when it validated on some.
     by_real = meta.get("best_by") == "real"
     ranked = [v for v in validations if "real" in v] if by_real else validations
     best = max(ranked, key=lambda v: (v["real"] if by_real else v)["mean_accepted_length"]) if ranked else {}
-    lines = [
+    return [
         "# Drafter training report",
         "",
         f"- data: {hours['train']:.2f} h train ({sorted(voices['train'])}), "
@@ -96,10 +109,6 @@ def write_report(data_dir: str, run_dir: str, out_dir: str) -> str:
         "",
         "![validation curves](validation_curves.png)",
     ]
-    path = os.path.join(out_dir, "training_report.md")
-    with open(path, "w", encoding="utf-8") as stream:
-        stream.write("\n".join(lines) + "\n")
-    return path
 
 
 def _causal_from(step) -> list:
