@@ -108,3 +108,18 @@ def test_the_package_finds_its_data_files():
 
     assert os.path.isfile(SAMPLE_AUDIO) and os.path.isfile(GRAPH_FILE)
     assert os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
+
+
+def test_no_function_runs_over_80_lines():
+    """A function a reader can hold at once: at most 80 lines of code (its docstring aside)."""
+    long = []
+    for path, module in package_files():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                doc = node.body[0]
+                if isinstance(doc, ast.Expr) and isinstance(getattr(doc, "value", None), ast.Constant):
+                    lines -= doc.end_lineno - doc.lineno + 1
+                if lines > 80:
+                    long.append(f"{module}.{node.name}: {lines} lines")
+    assert not long, long

@@ -665,25 +665,16 @@ def fit(
     data = _utterance_ids(data_dir, state_path if resumed else None, grow)
     train = load_examples(data_dir, "train", ids=data["train_ids"])
     valid = load_examples(data_dir, "validation", config.validation_windows, ids=data["validation_ids"])
-    loaded = {os.path.basename(e.path) for e in train + valid}
-    unreadable = [
-        f"{i}.npz"
-        for i in data["train_ids"] + data["validation_ids"][: config.validation_windows]
-        if f"{i}.npz" not in loaded
-    ]
     if not train or not valid:
         raise RuntimeError(f"no teacher data in {data_dir}: run the synth and extract steps first")
     target = FlashWhisperModel(
         model_path, stock_engine=False, compute_type=compute_type, cpu_threads=threads, redecodes=False, near_exact=True
     )
-    special = target.decoder.runtime.special
     real = speech_windows(target, real_speech, config.validation_windows)
     if init_from is not None:
         model = _checkpoint_to_train(init_from, model_path, use_audio, use_history)
     else:
-        text_counts = text_token_counts(data_dir, target.hf_tokenizer, special.vocab_size)
-        shortlist = shortlist_from(train, shortlist_size, special, text_counts)
-        model = _new_drafter(model_path, model_name, shortlist, use_audio, use_history)
+        model = _new_drafter(model_path, model_name, data_dir, train, target, shortlist_size, use_audio, use_history)
     freeze_for(model, config.trained)
     model.train()
     optimizer = torch.optim.AdamW(_trainable(model).values(), lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -696,18 +687,24 @@ def fit(
         len(train),
         len(valid),
     )
-    meta["real_speech"] = [window.name for window in real]
-    meta["compute_type"] = target.decoder.runtime.model.compute_type
+    meta.update(real_speech=[window.name for window in real], compute_type=target.decoder.runtime.model.compute_type)
     # Runs started before causal blocks existed switch to them when they resume (a fine-tune
     # from that step on); the step is recorded.
     if model.config.causal_blocks:
         meta.setdefault("causal_blocks_from_step", meta["step"])
-    meta["skipped_files"] = sorted(set(meta.get("skipped_files", [])) | set(unreadable))
+    meta["skipped_files"] = sorted(set(meta.get("skipped_files", [])) | set(_unreadable(data, train + valid, config)))
     training = _Training(model, optimizer, target, valid, real, config, meta, out_dir)
     if init_from is not None and meta["step"] == 0 and not meta["validations"]:
         _validate(model, target, valid, real, config, meta, out_dir)
     training.run(train, data_dir, deadline, progress)
     return meta
+
+
+def _unreadable(data: dict, loaded_examples: list, config: FitConfig) -> List[str]:
+    """The teacher files of the run's utterances that did not load."""
+    loaded = {os.path.basename(e.path) for e in loaded_examples}
+    wanted = data["train_ids"] + data["validation_ids"][: config.validation_windows]
+    return [f"{i}.npz" for i in wanted if f"{i}.npz" not in loaded]
 
 
 def _utterance_ids(data_dir: str, state_path: Optional[str], grow: bool) -> dict:
@@ -737,8 +734,21 @@ def _checkpoint_to_train(init_from: str, model_path: str, use_audio: bool, use_h
     return model
 
 
-def _new_drafter(model_path: str, model_name: str, shortlist: np.ndarray, use_audio: bool, use_history: bool):
-    """A new drafter on the target's own blocks, with this shortlist."""
+def _new_drafter(
+    model_path: str,
+    model_name: str,
+    data_dir: str,
+    train: list,
+    target,
+    shortlist_size: int,
+    use_audio: bool,
+    use_history: bool,
+):
+    """A new drafter on the target's own blocks, with a shortlist of the tokens the training
+    data uses most."""
+    special = target.decoder.runtime.special
+    text_counts = text_token_counts(data_dir, target.hf_tokenizer, special.vocab_size)
+    shortlist = shortlist_from(train, shortlist_size, special, text_counts)
     # Causal blocks: a round that verifies few drafts computes only their rows.
     drafter_config = DrafterConfig(
         target=target_identity(model_path, model_name),
