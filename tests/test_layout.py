@@ -103,10 +103,12 @@ def test_the_package_finds_its_data_files():
     """Paths the package builds from its own location (a module moved to another folder must
     move its path with it)."""
     from ct2_flash.adapter.audio import SAMPLE_AUDIO
+    from ct2_flash.benchmark.scripts import TEST_CLIPS
     from ct2_flash.drafting.files import SHIPPED_DRAFTERS
     from ct2_flash.loop.row_scores import GRAPH_FILE
 
     assert os.path.isfile(SAMPLE_AUDIO) and os.path.isfile(GRAPH_FILE)
+    assert os.path.isfile(os.path.join(TEST_CLIPS, "long_multi_voice.ogg"))  # the bench scripts' clips
     assert os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json"))
 
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ct2_flash.benchmark.machine import machine  # the CPU a figure came from: one definition for runner and scripts
 
-# The committed test clips (tests/data), which several scripts measure on.
-TEST_CLIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
+# The committed test clips (tests/data of the checkout), which several scripts measure on.
+TEST_CLIPS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "data")
 
 
 def timed(function: Callable[[], Any]) -> Tuple[float, Any]:
