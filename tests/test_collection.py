@@ -158,6 +158,7 @@ def test_the_command_writes_a_failures_file_and_says_so_in_its_exit_code(tmp_pat
         str(root / name) for name in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg"))
     )
     assert "1 transcribed" in run.stderr and "3 failed" in run.stderr and "failures.tsv" in run.stderr
+    assert " left" in run.stderr  # the bar's time left, by the audio the containers state
     for bad in ("empty.wav", "notes.mp3", os.path.join("sub", "corrupt.ogg")):
         os.remove(root / bad)
     rerun = _cli(str(root), "--output-dir", str(out))
@@ -364,3 +365,25 @@ def test_transcribe_options_are_flags_of_faster_whispers_names():
     assert {name for name, _ in transcribe.MORE_OPTIONS} <= names
     plain = transcribe._transcribe_options(parser.parse_args(["transcribe", "x.wav"]))
     assert plain == dict(beam_size=1, language=None, word_timestamps=False, vad_filter=False)
+
+
+def test_durations_come_from_the_container_and_the_time_left_from_them(tmp_path):
+    from faster_whisper import decode_audio
+
+    from ct2_flash.cli.transcribe import _Eta
+    from ct2_flash.jobs.collection import audio_duration
+
+    clip = os.path.join(DATA, "clip01_slt.ogg")
+    assert audio_duration(clip) == pytest.approx(len(decode_audio(clip)) / 16000, abs=0.05)
+    (tmp_path / "notes.mp3").write_text("not audio at all\n")
+    (tmp_path / "empty.wav").write_bytes(b"")
+    assert audio_duration(str(tmp_path / "notes.mp3")) is None
+    assert audio_duration(str(tmp_path / "empty.wav")) is None
+    assert audio_duration(str(tmp_path / "missing.wav")) is None
+    eta = _Eta({"a": 10.0, "b": 30.0, "c": None})  # c counts as the mean of the others: 20 s
+    assert eta.seconds(5.0) is None  # nothing finished yet: no rate
+    eta.finished("a")  # 10 s of audio in 5 s of wall time: 50 s left at that rate
+    assert eta.seconds(5.0) == pytest.approx(25.0)
+    eta.finished("c")
+    eta.finished("b")
+    assert eta.seconds(30.0) == 0.0

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 import time
-from typing import List
+from typing import Dict, List, Optional
 
 
 # faster-whisper's transcribe() options as flags of the same names (dashes for underscores),
@@ -137,7 +137,7 @@ def _add_transcribe_options(transcribe) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ct2_flash.jobs.collection import CollectionError, check_output_folder, find_audio
+    from ct2_flash.jobs.collection import CollectionError, check_output_folder, find_audio, pending
     from ct2_flash.jobs.outputs import FORMATS
 
     formats = FORMATS if args.output_format == "all" else (args.output_format,)
@@ -153,12 +153,13 @@ def run(args: argparse.Namespace) -> int:
     if not files:
         print(f"ct2-flash transcribe: no audio files in {', '.join(args.files)}", file=sys.stderr)
         return 2
+    durations = _durations(pending(files, args.output_dir, formats))
     model, results = _results(args, files, formats)
     if model is False:
         return 2
     started = time.perf_counter()
     try:
-        counts, failures, audio_seconds = _follow(results, len(files))
+        counts, failures, audio_seconds = _follow(results, len(files), durations)
     except CollectionError as error:  # --ray: Ray missing, or the cluster does not answer
         print(f"ct2-flash transcribe: {error}", file=sys.stderr)
         return 2
@@ -210,16 +211,55 @@ class _Interrupted(Exception):
         self.done = done
 
 
-def _follow(results, total: int):
+def _durations(todo) -> Optional[Dict[str, float]]:
+    """Path -> the duration its container states, for the files a run transcribes (None where
+    there are more than ``MAX_PROBED``: the ETA then counts files)."""
+    from ct2_flash.jobs.collection import MAX_PROBED, audio_duration
+
+    if len(todo) > MAX_PROBED:
+        return None
+    return {audio.path: audio_duration(audio.path) for audio in todo}
+
+
+class _Eta:
+    """Time left by audio: the durations of the files still to do, at the rate (audio seconds
+    a wall second) the finished ones went; a file whose container states no duration counts as
+    the mean of those that do."""
+
+    def __init__(self, durations: Dict[str, Optional[float]]) -> None:
+        known = [d for d in durations.values() if d is not None]
+        mean = sum(known) / len(known) if known else 0.0
+        self._left = {path: (mean if d is None else d) for path, d in durations.items()}
+        self._remaining = sum(self._left.values())
+        self._finished = 0.0
+
+    def finished(self, path: str) -> None:
+        """A file of the run is done (or failed): its audio is no longer to do."""
+        duration = self._left.pop(path, 0.0)
+        self._remaining -= duration
+        self._finished += duration
+
+    def seconds(self, elapsed: float) -> Optional[float]:
+        """Seconds left, or None before the first file has finished."""
+        if self._finished <= 0 or elapsed <= 0:
+            return None
+        return max(0.0, self._remaining) * elapsed / self._finished
+
+
+def _follow(results, total: int, durations: Optional[Dict[str, Optional[float]]] = None):
     """Count the results as they come, with a progress bar (files, audio time, real-time
-    factor) and each failure as it happens. Returns (counts by status, failure lines, audio
-    seconds); ``_Interrupted`` on Ctrl-C."""
+    factor, and the time left by audio where the files' durations are known) and each failure
+    as it happens. Returns (counts by status, failure lines, audio seconds); ``_Interrupted``
+    on Ctrl-C."""
     from tqdm import tqdm
 
     counts = {"done": 0, "skipped": 0, "failed": 0}
     failures: List[str] = []
     audio_seconds, started = 0.0, time.perf_counter()
-    bar = tqdm(total=total, unit="file", disable=total < 2, file=sys.stderr)
+    eta = _Eta(durations) if durations else None
+    # With durations the bar's own time left (by files) gives way to the one by audio.
+    form = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]" if eta else None
+    bar = tqdm(total=total, unit="file", disable=total < 2, file=sys.stderr, bar_format=form)
     try:
         for result in results:
             counts[result.status] += 1
@@ -228,9 +268,15 @@ def _follow(results, total: int):
                 failures.append(f"{result.path}\t{result.error}")
                 bar.write(f"ct2-flash transcribe: {result.path}: {result.error}", file=sys.stderr)
             elapsed = time.perf_counter() - started
+            left = None
+            if eta is not None and result.status != "skipped":
+                eta.finished(result.path)
+            if eta is not None:
+                left = eta.seconds(elapsed)
             bar.set_postfix_str(
                 f"{_clock(audio_seconds)} of audio, real-time factor "
-                f"{elapsed / audio_seconds if audio_seconds else 0:.3f}",
+                f"{elapsed / audio_seconds if audio_seconds else 0:.3f}"
+                + ("" if left is None else f", {_clock(left)} left"),
                 refresh=False,
             )
             bar.update(1)

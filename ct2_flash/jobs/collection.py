@@ -184,6 +184,28 @@ def pending(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str])
     return [audio for audio in files if _skipped(audio, output_dir, formats) is None]
 
 
+# A run reads the durations its containers state (no decoding) for an ETA by audio time, up to
+# this many files; beyond it the ETA counts files (reading them all would delay the start).
+MAX_PROBED = 5000
+
+
+def audio_duration(path: str) -> Optional[float]:
+    """The duration in seconds that a file's container states (read without decoding), or
+    None where it states none or the file cannot be opened."""
+    import av
+
+    try:
+        with av.open(path, metadata_errors="ignore") as container:
+            if container.duration is not None and container.duration > 0:
+                return container.duration / av.time_base
+            stream = next(iter(container.streams.audio), None)
+            if stream is not None and stream.duration and stream.time_base:
+                return float(stream.duration * stream.time_base)
+    except Exception:  # any file PyAV cannot read: its transcription will say why
+        return None
+    return None
+
+
 def _skipped(audio: AudioFile, output_dir: str, formats: Sequence[str]) -> Optional[FileResult]:
     """``audio``'s result when all its outputs exist (it is skipped), else None."""
     outputs = output_paths(output_dir, audio.stem, formats)
