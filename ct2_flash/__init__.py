@@ -20,10 +20,12 @@ from ct2_flash.adapter.whisper_model import BatchedInferencePipeline, FlashWhisp
 from ct2_flash.drafting.kinds import load_drafter  # noqa: E402
 from ct2_flash.dropin.swap import install, uninstall  # noqa: E402
 from ct2_flash.jobs.collection import CollectionError, FileResult, transcribe_files  # noqa: E402
+from ct2_flash.jobs.streaming import OnlineProcessor, StreamOptions  # noqa: E402
 
 # What users need: the model and its pipeline, the loop and its counters, drafters (the
 # interface, the built-in one, the loader), models, the drop-in under programs that build
-# faster-whisper's class themselves, whole collections of files, and the errors they may meet.
+# faster-whisper's class themselves, whole collections of files, a streaming front end, and the
+# errors they may meet.
 __all__ = [
     "Adaptive",
     "AudioError",
@@ -36,11 +38,13 @@ __all__ = [
     "DrafterMismatchError",
     "FileResult",
     "FlashWhisperModel",
+    "OnlineProcessor",
     "PromptLookupDrafter",
     "Proposal",
     "RuntimeInstallError",
     "SpecStats",
     "SpeculativeDecoder",
+    "StreamOptions",
     "UnknownModelError",
     "available_models",
     "install",

@@ -7,3 +7,7 @@
   hook itself is the top-level ``ct2_flash_hook``, since importing this package loads the
   runtime).
 """
+
+from ct2_flash.dropin.swap import DropInWhisperModel, install, installed, stats, uninstall  # noqa: E402
+
+__all__ = ["DropInWhisperModel", "install", "installed", "stats", "uninstall"]
