@@ -70,6 +70,13 @@ def _open_checkpoint(directory: str, model_path: str, **options) -> Drafter:
             f"as a checkpoint; convert it with: ct2-flash convert-drafter {directory} OUT "
             f"(pip install 'ct2-flash[train]')"
         ) from None
+    if not _has_graphs(directory):  # not a converted drafter run in PyTorch on purpose (the bench's runtime=)
+        logger.warning(
+            "ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
+            "convert it with: ct2-flash convert-drafter %s OUT",
+            directory,
+            directory,
+        )
     return FlashDrafter(
         load_checkpoint(directory, model_path), **checked_options(FlashDrafter, options, skip=("model",))
     )
@@ -119,15 +126,7 @@ def open_drafter(
     if not os.path.isdir(drafter):
         raise CheckpointError(f"drafter directory {drafter!r} does not exist")
     check_adapted(drafter, model_path, compute_type)
-    kind = kind_of(drafter)
-    if kind.name == "pytorch":
-        logger.warning(
-            "ct2-flash: drafter %s is an unconverted checkpoint and runs in PyTorch, which is slower; "
-            "convert it with: ct2-flash convert-drafter %s OUT",
-            drafter,
-            drafter,
-        )
-    return kind.open(drafter, model_path)
+    return kind_of(drafter).open(drafter, model_path)
 
 
 def load_drafter(
