@@ -8,8 +8,7 @@ import pytest
 from ct2_flash.loop.acceptance import GreedyAcceptance, greedy_accept, sample_accept
 from ct2_flash.loop.drafts import Draft
 from ct2_flash.loop.guard import Guard
-from ct2_flash.loop.logit_rules import draw
-from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens
+from ct2_flash.loop.logit_rules import draw, LogitRules, SpecialTokens
 
 EOT = 50256
 

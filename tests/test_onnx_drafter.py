@@ -15,11 +15,10 @@ onnx = pytest.importorskip("onnx")
 from ct2_flash.converters import convert_drafter  # noqa: E402
 from ct2_flash.converters.drafter import FLOAT32_TOLERANCE, validation_windows, verify  # noqa: E402
 from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
-from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError, target_identity  # noqa: E402
+from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError, SHIPPED_DRAFTERS, target_identity  # noqa: E402
 from ct2_flash.drafting.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
 from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OnnxDrafter, file_digest  # noqa: E402
-from ct2_flash.drafting.files import SHIPPED_DRAFTERS  # noqa: E402
 
 from .conftest import CLIP_PATHS, LONG_PATH, segments_of  # noqa: E402
 

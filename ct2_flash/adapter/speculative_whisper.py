@@ -16,8 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
-from ct2_flash.adapter.audio import check_features
-from ct2_flash.adapter.audio import audio_frames
+from ct2_flash.adapter.audio import audio_frames, check_features
 from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.drafting.base import Drafter
 from ct2_flash.drafting.files import CheckpointError

@@ -153,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
     if not files:
         print(f"ct2-flash transcribe: no audio files in {', '.join(args.files)}", file=sys.stderr)
         return 2
-    durations = _durations(pending(files, args.output_dir, formats))
-    model, results = _results(args, files, formats)
+    todo = pending(files, args.output_dir, formats)
+    durations = _durations(todo) if len(files) > 1 else None  # one file: no bar
+    model, results = _results(args, files, todo, formats)
     if model is False:
         return 2
     started = time.perf_counter()
@@ -183,12 +184,12 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _results(args: argparse.Namespace, files, formats):
-    """(the model, or None on Ray or with nothing to do, or False where it could not be made;
-    the iterator of ``FileResult``s), with the jobs and threads of ``default_layout``."""
-    from ct2_flash.jobs.collection import default_layout, pending, transcribe_found, transcribe_on_ray
+def _results(args: argparse.Namespace, files, todo, formats):
+    """(the model, or None on Ray or with nothing to do (``todo``: the files without their
+    outputs), or False where it could not be made; the iterator of ``FileResult``s), with the
+    jobs and threads of ``default_layout``."""
+    from ct2_flash.jobs.collection import default_layout, transcribe_found, transcribe_on_ray
 
-    todo = pending(files, args.output_dir, formats)
     jobs_given = args.jobs
     args.jobs, args.threads = default_layout(len(todo), args.jobs, args.threads)
     if args.ray is not None:
@@ -211,7 +212,7 @@ class _Interrupted(Exception):
         self.done = done
 
 
-def _durations(todo) -> Optional[Dict[str, float]]:
+def _durations(todo) -> Optional[Dict[str, Optional[float]]]:
     """Path -> the duration its container states, for the files a run transcribes (None where
     there are more than ``MAX_PROBED``: the ETA then counts files)."""
     from ct2_flash.jobs.collection import MAX_PROBED, audio_duration
@@ -268,11 +269,9 @@ def _follow(results, total: int, durations: Optional[Dict[str, Optional[float]]]
                 failures.append(f"{result.path}\t{result.error}")
                 bar.write(f"ct2-flash transcribe: {result.path}: {result.error}", file=sys.stderr)
             elapsed = time.perf_counter() - started
-            left = None
             if eta is not None and result.status != "skipped":
                 eta.finished(result.path)
-            if eta is not None:
-                left = eta.seconds(elapsed)
+            left = eta.seconds(elapsed) if eta is not None else None
             bar.set_postfix_str(
                 f"{_clock(audio_seconds)} of audio, real-time factor "
                 f"{elapsed / audio_seconds if audio_seconds else 0:.3f}"

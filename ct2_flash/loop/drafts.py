@@ -38,6 +38,11 @@ class Draft:
     resumed: bool = False
 
 
+def as_proposed(proposal: Proposal, tokens: Sequence[int], confidences: Sequence[float]) -> Draft:
+    """The proposal's first ``tokens`` (and their confidences) verified as they are."""
+    return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
+
+
 class ProposedDrafts:
     """The proposal's tokens verified as they are (greedy decoding; sampling that proposes
     outright)."""
@@ -51,7 +56,7 @@ class ProposedDrafts:
         generated: Sequence[int],
     ) -> Draft:
         """The tokens as proposed."""
-        return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
+        return as_proposed(proposal, tokens, confidences)
 
 
 class DrawnDrafts:
@@ -75,7 +80,7 @@ class DrawnDrafts:
         generated: Sequence[int],
     ) -> Draft:
         if not (proposal.logits is not None and tokens):
-            return Draft(tokens=tuple(tokens), confidences=tuple(confidences), probs=proposal.probs)
+            return as_proposed(proposal, tokens, confidences)
         drawn, probs = self.draw_from(proposal, len(tokens), rules, generated)
         return Draft(tokens=tuple(drawn), confidences=tuple(confidences[: len(drawn)]), probs=probs, drawn=True)
 

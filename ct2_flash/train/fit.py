@@ -693,7 +693,7 @@ def fit(
     if model.config.causal_blocks:
         meta.setdefault("causal_blocks_from_step", meta["step"])
     meta["skipped_files"] = sorted(set(meta.get("skipped_files", [])) | set(_unreadable(data, train + valid, config)))
-    training = _Training(model, optimizer, target, valid, real, config, meta, out_dir)
+    training = _Training(model, optimizer, target, valid, real, config, meta, out_dir, state_path)
     if init_from is not None and meta["step"] == 0 and not meta["validations"]:
         _validate(model, target, valid, real, config, meta, out_dir)
     training.run(train, data_dir, deadline, progress)
@@ -794,10 +794,12 @@ def _run_record(
 class _Training:
     """The steps of one ``fit`` run, from ``meta["step"]`` to the schedule's end."""
 
-    def __init__(self, model, optimizer, target, valid, real, config: FitConfig, meta: dict, out_dir: str) -> None:
+    def __init__(
+        self, model, optimizer, target, valid, real, config: FitConfig, meta: dict, out_dir: str, state_path: str
+    ) -> None:
         self.model, self.optimizer, self.target = model, optimizer, target
         self.valid, self.real, self.config, self.meta, self.out_dir = valid, real, config, meta, out_dir
-        self.state_path = os.path.join(out_dir, "train_state")
+        self.state_path = state_path
         # After the resume: the shortlist is the saved one. The data may have grown since, and a
         # shortlist recounted from it maps tokens to other head rows (a resumed loss of ~10
         # instead of ~3 was the sign).
