@@ -5,7 +5,7 @@ import pytest
 
 from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal
-from ct2_flash.redecodes.hypothesis import HypothesisDrafter, realign, repeated
+from ct2_flash.redecodes.hypothesis import LOOP_TOKENS, HypothesisDrafter, ends_in_loop, realign, repeated
 
 TS = 1000  # the first timestamp id in these tables; words are small ids
 
@@ -63,7 +63,7 @@ def test_a_moved_boundary_is_offered_where_it_moved_to():
     """A segment's end and the next one's start are one timestamp twice: once this decode has
     moved it, the second is offered moved too."""
     previous = [ts(0.0), 1, 2, ts(2.0), ts(2.0), 3, 4, ts(4.0), EOT]
-    drafter = HypothesisDrafter(Recording(), TS)
+    drafter = HypothesisDrafter(Recording(), TS, EOT)
     drafter.remember(previous)
     drafter.begin(_window())
     assert drafter.offered([ts(0.0)], 8) == (1, 2, ts(2.0), ts(2.0), 3, 4, ts(4.0), EOT)
@@ -96,7 +96,7 @@ def _window():
 
 def test_the_drafter_offers_the_hypothesis_and_its_fallback_proposes():
     fallback = Recording()
-    drafter = HypothesisDrafter(fallback, TS)
+    drafter = HypothesisDrafter(fallback, TS, EOT)
     drafter.remember(PREVIOUS)
     drafter.begin(_window())
     assert drafter.offered([ts(0.0)], 4) == (1, 2, 3, ts(2.0))
@@ -110,7 +110,7 @@ def test_the_drafter_offers_the_hypothesis_and_its_fallback_proposes():
 
 
 def test_a_hypothesis_serves_only_the_window_it_was_remembered_for():
-    drafter = HypothesisDrafter(Recording(), TS)
+    drafter = HypothesisDrafter(Recording(), TS, EOT)
     drafter.remember(PREVIOUS)
     drafter.begin(_window())
     drafter.begin(_window())  # the next window: nothing remembered for it
@@ -176,14 +176,50 @@ def test_a_decode_that_repeats_itself_is_offered_its_repeats(case, generated, li
     assert repeated(generated, limit) == expected, case
 
 
+@pytest.mark.parametrize(
+    "case, tokens, loops",
+    [
+        ("one token again and again", [EOT + 1, 11, 12] + [64] * LOOP_TOKENS, True),
+        ("two tokens again and again", [EOT + 1] + [64, 12] * (LOOP_TOKENS // 2), True),
+        ("a phrase of ten again and again", list(range(100, 110)) * 4, True),
+        ("a phrase of eleven is not a loop", list(range(100, 111)) * 4, False),
+        (
+            "timestamps between the repeats do not count",
+            [t for i in range(12) for t in (TS + i, 7, 8, 9, TS + i + 1)],
+            True,
+        ),
+        ("a loop that ended before the text's end", [64] * 40 + list(range(200, 206)), False),
+        ("too little text", [64] * (LOOP_TOKENS - 1) + [EOT, TS], False),
+        ("speech", list(range(300, 400)), False),
+        ("no prompt", [], False),
+    ],
+)
+def test_a_prompt_ends_in_a_loop_where_its_text_does(case, tokens, loops):
+    assert ends_in_loop(tokens, EOT) == loops, case
+
+
 def test_the_previous_hypothesis_goes_before_the_decodes_own_repeats():
-    drafter = HypothesisDrafter(Recording(), TS)
+    drafter = HypothesisDrafter(Recording(), TS, EOT)
     drafter.remember([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7])
     drafter.begin(_window())
     looping = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
     assert drafter.offered(looping, 3) == (7,)  # the hypothesis goes on with 7, not with 1 again
     assert drafter.offered(looping + [7, 1, 2, 3, 4, 5, 6, 7], 3) == (1, 2, 3)  # past its end: the repeats
     assert (drafter.offered_rounds, drafter.repeat_rounds) == (1, 1)
-    without = HypothesisDrafter(Recording(), TS)
+    without = HypothesisDrafter(Recording(), TS, EOT)
     without.begin(_window())
     assert without.offered(looping, 2) == (1, 2)
+
+
+def test_a_stopped_decode_that_repeats_itself_is_offered_past_its_end():
+    """A generate() stopped early hands its tokens to the loop without an end of text: where
+    they run out, the block goes on with the repeats, not one token a round."""
+    stopped = [ts(0.0), 5, 6, 7] + [8, 9] * 8
+    drafter = HypothesisDrafter(Recording(), TS, EOT)
+    drafter.remember(stopped)
+    drafter.begin(_window())
+    assert drafter.offered(stopped[:-1], 6) == (9, 8, 9, 8, 9, 8)
+    finished = HypothesisDrafter(Recording(), TS, EOT)
+    finished.remember(stopped + [EOT])
+    finished.begin(_window())
+    assert finished.offered(stopped[:-1], 6) == (9, EOT)  # it ended there: nothing after

@@ -211,3 +211,21 @@ def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_
     stats = flash.spec_stats
     assert stats.continued_rows >= 1
     assert stats.emitted >= 200 and stats.target_calls < stats.emitted / 4  # the repeats went in blocks
+
+
+def test_a_window_given_a_looping_prompt_is_stopped_early_and_decoded_exactly(float32_pair, clips, monkeypatch):
+    """A prompt whose text ends in a loop (the previous window repeated itself) stops
+    ``generate()`` after 32 tokens whatever the audio, and the loop finishes the window: the
+    same segments and scores as faster-whisper's."""
+    from ct2_flash.adapter import speculative_whisper
+
+    flash = float32_pair.flash
+    _routed_to_generate(monkeypatch, flash)
+    audio = clips["clip11_rms.ogg"]  # 18.7 s, 74 tokens: over the cap, under the audio's own
+    options = dict(beam_size=1, temperature=0.0, initial_prompt=" Okay." * 20)
+    expected = _with_scores(float32_pair.baseline, audio, **options)
+    assert sum(len(segment[0]) for segment, _, _ in expected) > speculative_whisper.LOOPED_PROMPT_CAP
+    got = _with_scores(flash, audio, **options)
+    assert [segment for segment, _, _ in got] == [segment for segment, _, _ in expected]
+    assert [score for _, score, _ in got] == pytest.approx([score for _, score, _ in expected], abs=1e-4)
+    assert flash.spec_stats.continued_rows == 1

@@ -20,7 +20,7 @@ from ct2_flash.adapter.audio import audio_frames, check_features
 from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.drafting.base import Drafter
 from ct2_flash.drafting.files import CheckpointError
-from ct2_flash.redecodes.hypothesis import HypothesisDrafter
+from ct2_flash.redecodes.hypothesis import HypothesisDrafter, ends_in_loop
 from ct2_flash.adapter.engine_pair import Engines
 from ct2_flash.redecodes.memory import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 from ct2_flash.adapter.routing import (
@@ -41,16 +41,21 @@ from ct2_flash.loop.target import PromptLayout, host_array, on_device_of
 logger = logging.getLogger("ct2_flash")
 
 # The most tokens a greedy decode of a window with this much audio makes when it does not
-# repeat itself: a margin for the prompt's echo and the timestamps, and twice the fastest speech
-# measured. Past it, ``generate()`` is stopped and the loop finishes the window. (The figures
+# repeat itself: the densest decode measured (16 + 3.5 tokens a second of audio) with a margin.
+# Past it, ``generate()`` is stopped and the loop finishes the window; a dense window stopped
+# there costs one re-verification of its tokens, a looping one is spared the rest of its loop. (The figures
 # behind this constant and the next: docs/measurements.md, "Figures behind the code's constants".)
 PLAUSIBLE_BASE_TOKENS = 32
-PLAUSIBLE_TOKENS_PER_SECOND = 6
+PLAUSIBLE_TOKENS_PER_SECOND = 4
 ENCODER_FRAMES_PER_SECOND = 50
 # A call is stopped only where the budget leaves at least 1/LEFT_PER_CAPPED of the cap to
 # decode after it: the loop verifies the tokens so far again, which a full window's last few
 # tokens do not repay.
 LEFT_PER_CAPPED = 4
+# Where the prompt's text ends in a loop (``hypothesis.ends_in_loop``: the window before
+# repeated itself, and faster-whisper passes that on), ``generate()`` is stopped after this many
+# tokens whatever the audio: such a window mostly repeats the loop to the length limit.
+LOOPED_PROMPT_CAP = 32
 
 
 def longest_plausible(audio_frames: int) -> int:
@@ -275,12 +280,14 @@ class SpeculativeWhisper:
 
     def _generate_or_continue(self, window: EncodedWindow, prompts, route: Route, kwargs: Dict[str, Any]) -> list:
         """``generate()``, stopped where a one-row greedy decode outgrows its audio
-        (``longest_plausible``) and finished in the loop, which offers the tokens so far and
+        (``longest_plausible``) or, after a prompt that ends in a loop, early
+        (``LOOPED_PROMPT_CAP``), and finished in the loop, which offers the tokens so far and
         then the decode's own repeats (``HypothesisDrafter``).
 
         A decode that outgrows its audio is nearly always Whisper repeating itself to the length
-        limit on a window with little or no audio (the window after a seek, a buffer's last
-        second), which ``generate()`` decodes token by token and the loop in blocks. The tokens
+        limit: on a window with little or no audio (the window after a seek, a buffer's last
+        second), or on a long recording's window given the previous window's loop as its
+        prompt. ``generate()`` decodes it token by token, the loop in blocks. The tokens
         are the same either way: a greedy decode stopped early is the first tokens of the whole
         one, and the loop decodes the window afresh, verifying them. Where the loop cannot take
         it (busy, or a model it does not run), the whole call goes to ``generate()`` again.
@@ -310,12 +317,16 @@ class SpeculativeWhisper:
         """(tokens after which ``_generate_or_continue`` hands a call to the loop, the
         ``max_length`` that stops ``generate()`` there), or None where it does not (several rows,
         sampling, unknown audio length, or a cap that would leave less than 1/``LEFT_PER_CAPPED``
-        of itself of the call's budget). Calls the loop cannot run never get here
-        (``Route.ineligible``)."""
+        of itself of the call's budget). The cap is ``longest_plausible`` for the window's audio,
+        or ``LOOPED_PROMPT_CAP`` where the prompt's text ends in a loop (``ends_in_loop``).
+        Calls the loop cannot run never get here (``Route.ineligible``)."""
         if len(prompts) != 1 or options.sampling or not window.frames:
             return None
         cap = longest_plausible(window.frames[0])
-        layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
+        special = self.decoder.runtime.special
+        layout = PromptLayout.of(prompts[0], special)
+        if ends_in_loop(prompts[0][: layout.sot_index], special.eot):
+            cap = min(cap, LOOPED_PROMPT_CAP)
         left = layout.max_steps(options.max_length) - cap
         return (cap, layout.max_length_for(cap)) if left * LEFT_PER_CAPPED >= cap else None
 
@@ -366,7 +377,8 @@ class SpeculativeWhisper:
         drafter: it offers ``previous`` (the previous hypothesis of a one-row call's window, or
         the tokens ``generate()`` made before it stopped), and each row's own repeats."""
         if not isinstance(self.decoder.drafter, HypothesisDrafter):
-            drafter = HypothesisDrafter(self.decoder.drafter, self.decoder.runtime.special.timestamp_begin)
+            special = self.decoder.runtime.special
+            drafter = HypothesisDrafter(self.decoder.drafter, special.timestamp_begin, special.eot)
             drafter.remember(previous)
             with self.decoder.use_drafter(drafter, self.decoder.adaptive):
                 return self._speculative_rows(window, prompts, options, kwargs)

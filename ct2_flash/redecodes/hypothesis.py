@@ -35,6 +35,29 @@ _ANY_TIMESTAMP = -1
 REPEAT_CONTEXT = 6
 
 
+# A prompt whose text ends in this many tokens said again and again, with a period of at most
+# MAX_LOOP_PERIOD tokens (three times or more), ends in a loop (``ends_in_loop``).
+LOOP_TOKENS = 30
+MAX_LOOP_PERIOD = 10
+
+
+def ends_in_loop(tokens: Sequence[int], text_end: int) -> bool:
+    """Whether the text of ``tokens`` (those below ``text_end``, the end-of-text token: not
+    timestamps or other special tokens) ends in a loop: its last ``LOOP_TOKENS`` text tokens
+    are one unit of at most ``MAX_LOOP_PERIOD`` tokens said again and again ("aaaa", "a-a-a-",
+    "Thank you. Thank you. ..."). faster-whisper passes the previous windows' text as the prompt,
+    so a window after one that looped is given the loop, and mostly loops again.
+    """
+    text = [int(t) for t in tokens if t < text_end]
+    if len(text) < LOOP_TOKENS:
+        return False
+    tail = text[-LOOP_TOKENS:]
+    return any(
+        all(tail[i] == tail[i + period] for i in range(LOOP_TOKENS - period))
+        for period in range(1, MAX_LOOP_PERIOD + 1)
+    )
+
+
 def repeated(generated: Sequence[int], limit: int, context: int = REPEAT_CONTEXT) -> Tuple[int, ...]:
     """What follows ``generated`` if it repeats itself: where its last ``context`` tokens
     occurred before (the latest such place), the tokens since then, repeated with that period,
@@ -123,11 +146,13 @@ class HypothesisDrafter(Drafter):
     Args:
         fallback: the drafter for what the previous hypothesis does not cover.
         timestamp_begin: the target's first timestamp token id.
+        end_of_text: the target's end-of-text token id.
     """
 
-    def __init__(self, fallback: Drafter, timestamp_begin: int) -> None:
+    def __init__(self, fallback: Drafter, timestamp_begin: int, end_of_text: int) -> None:
         self.fallback = fallback
         self.timestamp_begin = int(timestamp_begin)
+        self.end_of_text = int(end_of_text)
         self.vocab_size = fallback.vocab_size
         self.needs_states = fallback.needs_states
         self.wants_position = fallback.wants_position
@@ -155,14 +180,18 @@ class HypothesisDrafter(Drafter):
     def offered(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
         """The previous hypothesis from where ``generated`` continues in it (up to ``limit``
         tokens), with every timestamp this decode already moved (``_note_moved``) replaced by
-        where it moved to; where it has nothing, ``generated`` repeated if it repeats itself;
-        otherwise nothing."""
+        where it moved to; where it has nothing, or runs out before ``limit`` without having
+        ended (a ``generate()`` stopped early), ``generated`` and it repeated if they repeat
+        themselves; otherwise nothing.
+
+        A decode stopped early is offered again in the loop: where it was repeating itself, a
+        block that stopped at its last token would leave the loop one token a round."""
         block = self._from_previous(generated, limit)
-        if block:
+        if len(block) == limit or (block and block[-1] == self.end_of_text):
             return block
-        block = repeated(generated, limit)
-        self.repeat_rounds += int(bool(block))
-        return block
+        more = repeated(tuple(generated) + block, limit - len(block))
+        self.repeat_rounds += int(bool(more))
+        return block + more
 
     def _from_previous(self, generated: Sequence[int], limit: int) -> Tuple[int, ...]:
         """``offered`` from the previous hypothesis alone."""
