@@ -205,12 +205,16 @@ def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_
 ):
     flash = float32_pair.flash
     _routed_to_generate(monkeypatch, flash)
+    taught = []  # tokens of the calls the router learnt from
+    router = flash.model.routes.greedy
+    monkeypatch.setattr(router, "record", lambda *args: taught.append(args[3]))
     audio = clips["long_multi_voice.ogg"][LOOPING_BUFFER[0] : LOOPING_BUFFER[1]]
     options = dict(beam_size=1, word_timestamps=True, temperature=0.0, initial_prompt=LOOPING_PROMPT)
     assert segments_of(flash, audio, **options) == float32_pair.reference("looping", audio, **options)
     stats = flash.spec_stats
     assert stats.continued_rows >= 1
     assert stats.emitted >= 200 and stats.target_calls < stats.emitted / 4  # the repeats went in blocks
+    assert max(taught, default=0) < 200  # the call that ran to its limit taught the router nothing
 
 
 def test_a_window_given_a_looping_prompt_is_stopped_early_and_decoded_exactly(float32_pair, clips, monkeypatch):

@@ -246,7 +246,8 @@ class SpeculativeWhisper:
                 self.stats.generate_rows += len(prompts)
                 self.stats.generate_seconds += watch.seconds
                 self.stats.busy_calls += int(route.loop)
-            route.router.record(in_loop, len(prompts), watch.seconds, tokens)
+            if not self._ran_to_limit(prompts, results, options):
+                route.router.record(in_loop, len(prompts), watch.seconds, tokens)
         fingerprint = None if options.sampling or self.recent is None else window.fingerprint
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
             layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
@@ -258,6 +259,20 @@ class SpeculativeWhisper:
                 ),
             )
         return results
+
+    def _ran_to_limit(self, prompts, results, options: DecodingOptions) -> bool:
+        """Whether a hypothesis of the call ran to its length limit: nearly always Whisper
+        repeating itself, which the loop decodes in blocks of 32 and ``generate()`` token by
+        token. Such a call does not teach its router: its cost per token says nothing of the
+        next window's, and one looping window made the loop look cheap enough to take the
+        normal windows after it, where it is slower (docs/measurements.md, "A long recording's
+        loops")."""
+        special = self.decoder.runtime.special
+        for prompt, result in zip(prompts, results):
+            budget = PromptLayout.of(prompt, special).max_steps(options.max_length)
+            if any(len(ids) >= budget for ids in result.sequences_ids):
+                return True
+        return False
 
     def _log_ineligible(self, reason: str) -> None:
         """Say once per reason why calls go to ``generate()`` without the loop."""
