@@ -219,7 +219,7 @@ def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_
 
 def test_a_window_given_a_looping_prompt_is_stopped_early_and_decoded_exactly(float32_pair, clips, monkeypatch):
     """A prompt whose text ends in a loop (the previous window repeated itself) stops
-    ``generate()`` after 32 tokens whatever the audio, and the loop finishes the window: the
+    ``generate()`` after ``LOOPED_PROMPT_CAP`` tokens whatever the audio, and the loop finishes the window: the
     same segments and scores as faster-whisper's."""
     from ct2_flash.adapter import speculative_whisper
 

@@ -54,8 +54,9 @@ ENCODER_FRAMES_PER_SECOND = 50
 LEFT_PER_CAPPED = 4
 # Where the prompt's text ends in a loop (``hypothesis.ends_in_loop``: the window before
 # repeated itself, and faster-whisper passes that on), ``generate()`` is stopped after this many
-# tokens whatever the audio: such a window mostly repeats the loop to the length limit.
-LOOPED_PROMPT_CAP = 32
+# tokens whatever the audio: such a window mostly repeats the loop to the length limit, which the
+# loop offers from its repeats once they show; one that does not pays the loop for the rest.
+LOOPED_PROMPT_CAP = 8
 
 
 def longest_plausible(audio_frames: int) -> int:
