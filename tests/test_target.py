@@ -273,3 +273,19 @@ def test_a_budget_of_n_steps_has_a_max_length(start_index):
     layout = PromptLayout(sot_index=start_index, start_index=start_index, length=start_index + 1)
     for steps in range(1, 225):
         assert layout.max_steps(layout.max_length_for(steps)) == steps
+
+
+@pytest.mark.parametrize(
+    "case, shape, rank",
+    [
+        ("tall, full column rank: the normal equations", (64, 16), 16),
+        ("wide: the SVD's minimum-norm answer", (16, 64), 16),
+        ("tall, rank-deficient: the SVD", (64, 16), 12),
+    ],
+)
+def test_the_pseudo_inverse_is_the_svds(case, shape, rank):
+    from ct2_flash.loop.target import pseudo_inverse
+
+    rng = np.random.default_rng(3)
+    matrix = rng.standard_normal((shape[0], rank)) @ rng.standard_normal((rank, shape[1]))
+    np.testing.assert_allclose(pseudo_inverse(matrix), np.linalg.pinv(matrix), atol=1e-9, err_msg=case)

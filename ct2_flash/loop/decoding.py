@@ -34,10 +34,13 @@ from ct2_flash.loop.clock import RoundClock, TimedDrafter, TimedTarget, call_boo
 from ct2_flash.loop.draft_lengths import MAX_OFFERED, DraftLengths
 from ct2_flash.loop.logit_rules import LogitRules
 from ct2_flash.loop.stats import SpecStats
-from ct2_flash.loop.target import PromptLayout, TargetRuntime, host_array
+from ct2_flash.loop.target import PromptLayout, TargetRuntime, host_array, on_device_of
 
 
 logger = logging.getLogger("ct2_flash")
+
+# Encoder frames the once-per-process score check (``confirm_score_isa``) decodes its row over.
+CONFIRM_FRAMES = 16
 
 
 def check_num_draft_tokens(num_draft_tokens: int) -> None:
@@ -259,6 +262,9 @@ class SpeculativeDecoder:
         special = self.runtime.special
         layout = PromptLayout.of(prompt, special)
         start = [int(t) for t in prompt[layout.sot_index : layout.start_index + 1]]
+        # The window's first frames: a row of real logits costs both sides a fraction of the
+        # whole window's cross-attention, and any row tells how the engine scores.
+        encoder_output = on_device_of(host_array(encoder_output)[:, :CONFIRM_FRAMES], encoder_output)
         try:
             # CTranslate2 runs min(max_length // 2, max_length - start) steps: this is one.
             result = self.runtime.model.generate(

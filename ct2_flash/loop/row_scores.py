@@ -143,12 +143,12 @@ def confirm_isa(rows: np.ndarray, columns, engine_scores) -> str:
         _decision.confirmed = True
     engine_scores = np.asarray(engine_scores, dtype=np.float64)
     candidates = ("NEON", "GENERIC") if decided == "NEON" else ("AVX2", "AVX512", "GENERIC")
-    distance = {
-        isa: float(np.abs(log_softmax_at(rows, columns, isa) - engine_scores).max())
-        for isa in (decided,) + tuple(c for c in candidates if c != decided)
-    }
-    if distance[decided] <= ISA_MATCH:
+    distance = {decided: float(np.abs(log_softmax_at(rows, columns, decided) - engine_scores).max())}
+    if distance[decided] <= ISA_MATCH:  # the others are not scored (a first AVX-512 scoring costs ~20 ms)
         return decided
+    for isa in candidates:
+        if isa != decided:
+            distance[isa] = float(np.abs(log_softmax_at(rows, columns, isa) - engine_scores).max())
     best = min(distance, key=distance.get)
     if distance[best] <= ISA_MATCH:
         logger.warning(

@@ -263,9 +263,7 @@ class TargetRuntime:
         rng = np.random.default_rng(0)
         rows = np.sort(rng.choice(self.special.eot, size=STATE_RECOVERY_ROWS, replace=False))
         self._recovery_rows = rows
-        self._recovery_pinv = np.ascontiguousarray(
-            np.linalg.pinv(self.embedding(rows).astype(np.float64)).T, dtype=np.float32
-        )
+        self._recovery_pinv = np.ascontiguousarray(pseudo_inverse(self.embedding(rows)).T, dtype=np.float32)
         self._blas = ThreadpoolController().select(user_api="blas")
 
     def embedding(self, rows: Optional[np.ndarray] = None) -> np.ndarray:
@@ -274,6 +272,22 @@ class TargetRuntime:
         the vocabulary is neither read nor converted."""
         embedding = CT2ModelFile(self.model_path)["decoder/embeddings/weight"]
         return np.asarray(embedding if rows is None else embedding[rows], dtype=np.float32)
+
+
+def pseudo_inverse(matrix: np.ndarray) -> np.ndarray:
+    """The pseudo-inverse of an [n, d] matrix (float64): through the normal equations where
+    they hold (n >= d and the product with the matrix is the identity to 1e-9), else by an SVD.
+    The normal equations take a fifth of the SVD's time for tiny.en's 1024 x 384 rows (the
+    first speculative call pays it) and agree with it to ~1e-12."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.shape[0] >= matrix.shape[1]:
+        try:
+            inverse = np.linalg.solve(matrix.T @ matrix, matrix.T)
+        except np.linalg.LinAlgError:  # singular: the SVD's minimum-norm answer
+            inverse = None
+        if inverse is not None and np.abs(inverse @ matrix - np.eye(matrix.shape[1])).max() <= 1e-9:
+            return inverse
+    return np.linalg.pinv(matrix)
 
 
 def host_array(view) -> np.ndarray:
