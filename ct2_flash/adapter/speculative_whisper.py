@@ -65,6 +65,16 @@ def longest_plausible(audio_frames: int) -> int:
     return PLAUSIBLE_BASE_TOKENS + (PLAUSIBLE_TOKENS_PER_SECOND * audio_frames) // ENCODER_FRAMES_PER_SECOND
 
 
+def ran_to_limit(results, budgets: Sequence[int]) -> bool:
+    """Whether a hypothesis of a call ran to its length limit (``budgets``: per row, the
+    tokens CTranslate2 may produce, ``PromptLayout.max_steps``): nearly always Whisper
+    repeating itself, which the loop decodes in blocks of 32 and ``generate()`` token by token.
+    Such a call does not teach its router: its cost per token says nothing of the next
+    window's, and one looping window made the loop look cheap enough to take the normal
+    windows after it, where it is slower (docs/measurements.md, "A long recording's loops")."""
+    return any(len(ids) >= budget for result, budget in zip(results, budgets) for ids in result.sequences_ids)
+
+
 _BEAM_SEARCH_HINT = " (pass beam_size=1 to transcribe() for speculative greedy decoding)"
 _INEXACT_HINT = (
     " (compute_type='float32' runs the exact loop; near_exact=True runs this one anyway, identical on "
@@ -241,39 +251,21 @@ class SpeculativeWhisper:
             if held:
                 self._loop.release()
         tokens = produced_tokens(results)
+        special = self.decoder.runtime.special
+        budgets = [PromptLayout.of(prompt, special).max_steps(options.max_length) for prompt in prompts]
         with self._counting:
             self.stats.redecodes += int(route.previous is not None)
             if not in_loop:
                 self.stats.generate_rows += len(prompts)
                 self.stats.generate_seconds += watch.seconds
                 self.stats.busy_calls += int(route.loop)
-            if not self._ran_to_limit(prompts, results, options):
+            if not ran_to_limit(results, budgets):
                 route.router.record(in_loop, len(prompts), watch.seconds, tokens)
         fingerprint = None if options.sampling or self.recent is None else window.fingerprint
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
-            layout = PromptLayout.of(prompts[0], self.decoder.runtime.special)
             decoded = results[0].sequences_ids[0]
-            self.recent.remember(
-                fingerprint,
-                remembered_tokens(
-                    decoded, len(decoded) < layout.max_steps(options.max_length), self.decoder.runtime.special.eot
-                ),
-            )
+            self.recent.remember(fingerprint, remembered_tokens(decoded, len(decoded) < budgets[0], special.eot))
         return results
-
-    def _ran_to_limit(self, prompts, results, options: DecodingOptions) -> bool:
-        """Whether a hypothesis of the call ran to its length limit: nearly always Whisper
-        repeating itself, which the loop decodes in blocks of 32 and ``generate()`` token by
-        token. Such a call does not teach its router: its cost per token says nothing of the
-        next window's, and one looping window made the loop look cheap enough to take the
-        normal windows after it, where it is slower (docs/measurements.md, "A long recording's
-        loops")."""
-        special = self.decoder.runtime.special
-        for prompt, result in zip(prompts, results):
-            budget = PromptLayout.of(prompt, special).max_steps(options.max_length)
-            if any(len(ids) >= budget for ids in result.sequences_ids):
-                return True
-        return False
 
     def _log_ineligible(self, reason: str) -> None:
         """Say once per reason why calls go to ``generate()`` without the loop."""
