@@ -41,10 +41,10 @@ from ct2_flash.loop.target import PromptLayout, host_array, on_device_of
 logger = logging.getLogger("ct2_flash")
 
 # The most tokens a greedy decode of a window with this much audio makes when it does not
-# repeat itself: the densest decode measured (16 + 3.5 tokens a second of audio) with a margin.
-# Past it, ``generate()`` is stopped and the loop finishes the window; a dense window stopped
-# there costs one re-verification of its tokens, a looping one is spared the rest of its loop. (The figures
-# behind this constant and the next: docs/measurements.md, "Figures behind the code's constants".)
+# repeat itself: the densest decode measured, with a margin. Past it, ``generate()`` is stopped
+# and the loop finishes the window; a dense window stopped there costs one re-verification of
+# its tokens, a looping one is spared the rest of its loop. (The figures behind this constant
+# and the next: docs/measurements.md, "Figures behind the code's constants".)
 PLAUSIBLE_BASE_TOKENS = 32
 PLAUSIBLE_TOKENS_PER_SECOND = 4
 ENCODER_FRAMES_PER_SECOND = 50

@@ -144,7 +144,7 @@ def confirm_isa(rows: np.ndarray, columns, engine_scores) -> str:
     engine_scores = np.asarray(engine_scores, dtype=np.float64)
     candidates = ("NEON", "GENERIC") if decided == "NEON" else ("AVX2", "AVX512", "GENERIC")
     distance = {decided: float(np.abs(log_softmax_at(rows, columns, decided) - engine_scores).max())}
-    if distance[decided] <= ISA_MATCH:  # the others are not scored (a first AVX-512 scoring costs ~20 ms)
+    if distance[decided] <= ISA_MATCH:  # the others are not scored: the first scoring in a lane order costs time
         return decided
     for isa in candidates:
         if isa != decided:

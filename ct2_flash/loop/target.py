@@ -277,8 +277,9 @@ class TargetRuntime:
 def pseudo_inverse(matrix: np.ndarray) -> np.ndarray:
     """The pseudo-inverse of an [n, d] matrix (float64): through the normal equations where
     they hold (n >= d and the product with the matrix is the identity to 1e-9), else by an SVD.
-    The normal equations take a fifth of the SVD's time for tiny.en's 1024 x 384 rows (the
-    first speculative call pays it) and agree with it to ~1e-12."""
+    They take a fraction of the SVD's time for the recovery rows (the first speculative call
+    pays it) and agree with it far below float32's resolution (the figures: docs/measurements.md,
+    "Figures behind the code's constants")."""
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.shape[0] >= matrix.shape[1]:
         try:
