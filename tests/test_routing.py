@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from ct2_flash.loop.draft_lengths import DraftLengths
-from ct2_flash.adapter.routing import FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL, CallRouter, RedecodeRouters
+from ct2_flash.adapter.routing import (
+    FIRST_PROBE_INTERVAL,
+    FIRST_PROBE_SECONDS,
+    MAX_PROBE_INTERVAL,
+    CallRouter,
+    RedecodeRouters,
+)
 
 from ct2_flash import FlashWhisperModel
 
@@ -51,6 +57,17 @@ def test_generate_goes_first_then_the_loop_is_measured_and_a_close_loser_probed_
 def test_a_process_of_few_calls_never_runs_the_loop_even_when_it_would_lose_badly():
     ways = _run(CallRouter(), FIRST_PROBE_INTERVAL, speculative_cost=3.0, generate_cost=1.0)
     assert not any(ways)
+
+
+def test_the_first_probe_waits_until_generate_has_decoded_long_enough():
+    """The loop's first call pays its one-time setup, so the first probe waits for
+    FIRST_PROBE_SECONDS of generate() as well as FIRST_PROBE_INTERVAL calls: short calls (a
+    folder of prompts) probe late, long ones at the interval."""
+    short = FIRST_PROBE_SECONDS / 64  # a call's seconds: 64 calls reach the threshold
+    ways = _run(CallRouter(), 80, speculative_cost=2 * short, generate_cost=short)
+    assert ways.index(True) == 64
+    ways = _run(CallRouter(), 40, speculative_cost=2.0, generate_cost=FIRST_PROBE_SECONDS)
+    assert ways.index(True) == FIRST_PROBE_INTERVAL
 
 
 @pytest.mark.parametrize(

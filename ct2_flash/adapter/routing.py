@@ -18,13 +18,16 @@ now and then, since the audio or the machine's load can change which wins. The t
 same either way: ``generate()`` is the call faster-whisper itself makes.
 
 ``generate()`` goes first: it is measured on the first call (of each batch size), and the
-loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later. That first
-probe costs what the loser loses on one call, which can be half a call or more (the loop's
-first call pays its one-time setup), before anything tells which way wins: after 16 calls it
-is a small share of the decoding so far, and a process that transcribes a few short files (a
-command-line run, a serverless call: 1-15 windows) never pays it (what an earlier first probe
-cost: docs/measurements.md, "Figures behind the code's constants"). A loop that pays starts 16
-calls late.
+loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later and once
+``generate()`` has decoded for ``FIRST_PROBE_SECONDS`` in the process. That first probe costs
+what the loser loses on one call plus the loop's one-time setup (the patched model's load, the
+drafter's sessions, the state-recovery solve, the score check), before anything tells which way
+wins; the setup is paid once per process, so it waits until the decoding so far makes it a
+small share: a process that transcribes a few short files (a command-line run, a serverless
+call) never pays it, a folder of short prompts pays it after many of them, a long recording
+after a few windows (the figures: docs/measurements.md, "Figures behind the code's
+constants"). A loop that pays starts that much late; a re-decode or a decode that outgrows its
+audio goes to the loop without waiting (``RedecodeRouters``, ``SpeculativeWhisper``).
 
 Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
 The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles
@@ -115,6 +118,7 @@ def decoding_options(options: Mapping[str, Any]) -> DecodingOptions:
 
 
 FIRST_PROBE_INTERVAL = 16
+FIRST_PROBE_SECONDS = 5.0
 MAX_PROBE_INTERVAL = 64
 # The share of decoding time probes may cost (see the module docstring).
 PROBE_BUDGET = 0.01
@@ -155,6 +159,9 @@ class CallRouter:
     # grows, so the loser is probed often whatever the budget says).
     max_probe_interval: int = MAX_PROBE_INTERVAL
     loop_calls: int = 0
+    # Seconds of generate() the loop's first probe waits for, and those recorded so far.
+    first_probe_seconds: float = FIRST_PROBE_SECONDS
+    generate_seconds: float = 0.0
     # way ("speculative" or a batch size) -> (running seconds, running tokens), see record().
     _running: Dict[object, Tuple[float, float]] = field(default_factory=dict, repr=False)
 
@@ -167,7 +174,7 @@ class CallRouter:
             return False  # the call faster-whisper makes, measured first
         self.calls += 1
         if self.speculative_cost is None:  # the loop is measured at the first probe
-            return self.calls >= self.next_probe
+            return self.calls >= self.next_probe and self.generate_seconds >= self.first_probe_seconds
         winner = self.speculative_cost <= generate_cost
         loss = max(self.speculative_cost, generate_cost) / max(min(self.speculative_cost, generate_cost), 1e-12) - 1.0
         affordable = math.ceil(loss / PROBE_BUDGET)  # calls per probe that keep its cost in budget
@@ -213,6 +220,7 @@ class CallRouter:
             self.speculative_cost = running[0] / running[1]
         else:
             self.generate_cost[batch_size] = running[0] / running[1]
+            self.generate_seconds += seconds
 
 
 # Re-decodes (``RedecodeRouters``): previous hypotheses shorter than this many tokens share
@@ -371,7 +379,9 @@ class EngineRouter:
     both with ``timing``, a ``CallRouter`` with the patched runtime in the loop's place.
     """
 
-    timing: CallRouter = field(default_factory=CallRouter)
+    # Measuring is an opt-in that wants both engines timed: the first probe does not wait for
+    # seconds of generate() (``FIRST_PROBE_SECONDS``), only for its calls.
+    timing: CallRouter = field(default_factory=lambda: CallRouter(first_probe_seconds=0.0))
     measure: bool = False
 
     def use_patched(self, batch_size: int) -> bool:
