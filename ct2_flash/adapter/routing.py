@@ -23,7 +23,7 @@ loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later 
 what the loser loses on one call plus the loop's one-time setup (the patched model's load, the
 drafter's sessions, the state-recovery solve, the score check), before anything tells which way
 wins; the setup is paid once per process, so it waits until the decoding so far makes it a
-small share: a process that transcribes a few short files (a command-line run, a serverless
+share of the decoding no larger than a couple of later probes' budgets (``PROBE_BUDGET``): a process that transcribes a few short files (a command-line run, a serverless
 call) never pays it, a folder of short prompts pays it after many of them, a long recording
 after a few windows (the figures: docs/measurements.md, "Figures behind the code's
 constants"). A loop that pays starts that much late; a re-decode or a decode that outgrows its
@@ -118,7 +118,7 @@ def decoding_options(options: Mapping[str, Any]) -> DecodingOptions:
 
 
 FIRST_PROBE_INTERVAL = 16
-FIRST_PROBE_SECONDS = 5.0
+FIRST_PROBE_SECONDS = 20.0
 MAX_PROBE_INTERVAL = 64
 # The share of decoding time probes may cost (see the module docstring).
 PROBE_BUDGET = 0.01
