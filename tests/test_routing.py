@@ -29,13 +29,15 @@ class ForcedSpeculation(CallRouter):
         return True
 
 
-def _run(policy, calls, speculative_cost, generate_cost):
-    """Drive the policy with fixed per-token costs; returns the way each call went."""
+def _run(policy, calls, speculative_cost, generate_cost, call_seconds=FIRST_PROBE_SECONDS):
+    """Drive the policy with fixed per-token costs; returns the way each call went. A call of
+    cost 1 takes ``call_seconds``: by default as long as the first probe's wait for
+    ``generate()`` seconds, so that the calls alone decide when the loop is first probed."""
     ways = []
     for _ in range(calls):
         way = policy.speculate(1)
         ways.append(way)
-        policy.record(way, 1, speculative_cost if way else generate_cost, 1)
+        policy.record(way, 1, call_seconds * (speculative_cost if way else generate_cost), 1)
     return ways
 
 
@@ -63,10 +65,10 @@ def test_the_first_probe_waits_until_generate_has_decoded_long_enough():
     """The loop's first call pays its one-time setup, so the first probe waits for
     FIRST_PROBE_SECONDS of generate() as well as FIRST_PROBE_INTERVAL calls: short calls (a
     folder of prompts) probe late, long ones at the interval."""
-    short = FIRST_PROBE_SECONDS / 64  # a call's seconds: 64 calls reach the threshold
-    ways = _run(CallRouter(), 80, speculative_cost=2 * short, generate_cost=short)
+    short = FIRST_PROBE_SECONDS / 64  # a call's seconds: 64 calls reach the wait
+    ways = _run(CallRouter(), 80, speculative_cost=2.0, generate_cost=1.0, call_seconds=short)
     assert ways.index(True) == 64
-    ways = _run(CallRouter(), 40, speculative_cost=2.0, generate_cost=FIRST_PROBE_SECONDS)
+    ways = _run(CallRouter(), 40, speculative_cost=2.0, generate_cost=1.0)
     assert ways.index(True) == FIRST_PROBE_INTERVAL
 
 
