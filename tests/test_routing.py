@@ -72,6 +72,21 @@ def test_the_first_probe_waits_until_generate_has_decoded_long_enough():
     assert ways.index(True) == FIRST_PROBE_INTERVAL
 
 
+def test_once_the_loops_setup_is_paid_the_first_probe_does_not_wait():
+    """A re-decode or a decode that outgrew its audio paid the loop's setup (CallRoutes.setup_paid):
+    the greedy router, and a sampling router made after, probe at the interval however short the calls."""
+    from ct2_flash.adapter.routing import CallRoutes
+    from ct2_flash.loop.options import DecodingOptions
+
+    routes = CallRoutes()
+    routes.setup_paid()
+    short = FIRST_PROBE_SECONDS / 64
+    ways = _run(routes.greedy, 40, speculative_cost=2.0, generate_cost=1.0, call_seconds=short)
+    assert ways.index(True) == FIRST_PROBE_INTERVAL
+    sampled = routes.router_for(DecodingOptions(sampling_temperature=0.6, sampling_topk=0))
+    assert sampled.setup_paid
+
+
 @pytest.mark.parametrize(
     "loss, most_probes, most_overhead",
     [

@@ -22,8 +22,9 @@ loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later 
 ``generate()`` has decoded for ``FIRST_PROBE_SECONDS`` in the process. That first probe costs
 what the loser loses on one call plus the loop's one-time setup (the patched model's load, the
 drafter's sessions, the state-recovery solve, the score check), before anything tells which way
-wins; the setup is paid once per process, so it waits until the decoding so far makes it a
-share of the decoding no larger than a couple of later probes' budgets (``PROBE_BUDGET``): a process that transcribes a few short files (a command-line run, a serverless
+wins; the setup is paid once per process, so until something else has paid it (a re-decode, a
+decode that outgrows its audio: ``CallRoutes.setup_paid``) it waits until the decoding so far
+makes it a share no larger than a couple of later probes' budgets (``PROBE_BUDGET``): a process that transcribes a few short files (a command-line run, a serverless
 call) never pays it, a folder of short prompts pays it after many of them, a long recording
 after a few windows (the figures: docs/measurements.md, "Figures behind the code's
 constants"). A loop that pays starts that much late; a re-decode or a decode that outgrows its
@@ -159,9 +160,11 @@ class CallRouter:
     # grows, so the loser is probed often whatever the budget says).
     max_probe_interval: int = MAX_PROBE_INTERVAL
     loop_calls: int = 0
-    # Seconds of generate() the loop's first probe waits for, and those recorded so far.
+    # Seconds of generate() the loop's first probe waits for while the loop's one-time setup is
+    # not paid (``setup_paid``), and those recorded so far.
     first_probe_seconds: float = FIRST_PROBE_SECONDS
     generate_seconds: float = 0.0
+    setup_paid: bool = False
     # way ("speculative" or a batch size) -> (running seconds, running tokens), see record().
     _running: Dict[object, Tuple[float, float]] = field(default_factory=dict, repr=False)
 
@@ -174,7 +177,8 @@ class CallRouter:
             return False  # the call faster-whisper makes, measured first
         self.calls += 1
         if self.speculative_cost is None:  # the loop is measured at the first probe
-            return self.calls >= self.next_probe and self.generate_seconds >= self.first_probe_seconds
+            waited = self.setup_paid or self.generate_seconds >= self.first_probe_seconds
+            return self.calls >= self.next_probe and waited
         winner = self.speculative_cost <= generate_cost
         loss = max(self.speculative_cost, generate_cost) / max(min(self.speculative_cost, generate_cost), 1e-12) - 1.0
         affordable = math.ceil(loss / PROBE_BUDGET)  # calls per probe that keep its cost in budget
@@ -318,6 +322,14 @@ class CallRoutes:
         self.greedy = greedy or CallRouter()
         self.sampling: Dict[Tuple[float, int], CallRouter] = {}
         self.redecodes = RedecodeRouters()
+        self._setup_paid = False
+
+    def setup_paid(self) -> None:
+        """The loop's one-time setup is done: the greedy and sampling routers' first probes
+        need not wait for ``generate()`` seconds any more (``FIRST_PROBE_SECONDS``)."""
+        self._setup_paid = True
+        for router in (self.greedy, *self.sampling.values()):
+            router.setup_paid = True
 
     def router_for(self, options: DecodingOptions, previous: Optional[Sequence[int]] = None) -> CallRouter:
         """The router that decides a call decoded with ``options`` (a re-decode's by the length
@@ -327,7 +339,7 @@ class CallRoutes:
         if not options.sampling:
             return self.greedy
         key = (options.sampling_temperature, options.sampling_topk)
-        return self.sampling.setdefault(key, CallRouter())
+        return self.sampling.setdefault(key, CallRouter(setup_paid=self._setup_paid))
 
     def route(
         self,

@@ -341,9 +341,13 @@ class SpeculativeWhisper:
     def _loop_ready(self) -> bool:
         """Whether the loop can take the call whose thread holds the loop lock: a model deferred
         until its first use loads here (not in the call a router times), and the drafter opens
-        (``_drafter_opens``)."""
+        (``_drafter_opens``); once it has, the routers know the loop's setup is paid."""
         self.decoder.runtime.prepare(recovery=self.decoder.drafter.needs_states)
-        return self._drafter_opens()
+        if not self._drafter_opens():
+            return False
+        with self._counting:
+            self.routes.setup_paid()
+        return True
 
     def _drafter_opens(self) -> bool:
         """Open the drafter before the loop's first window (the loop lock is held). One that
