@@ -198,6 +198,7 @@ def test_a_decode_stopped_early_is_finished_in_the_loop_exactly(float32_pair, cl
         windows += 1
     assert flash.spec_stats.continued_rows >= windows
     assert flash.spec_stats.generate_rows >= windows
+    assert flash.model.routes.greedy.setup_paid  # the loop ran: fresh audio's first probe need not wait
 
 
 def test_a_window_that_repeats_itself_to_the_limit_is_decoded_as_faster_whisper_decodes_it(

@@ -21,14 +21,15 @@ same either way: ``generate()`` is the call faster-whisper itself makes.
 loop is first measured at the first probe, ``FIRST_PROBE_INTERVAL`` calls later and once
 ``generate()`` has decoded for ``FIRST_PROBE_SECONDS`` in the process. That first probe costs
 what the loser loses on one call plus the loop's one-time setup (the patched model's load, the
-drafter's sessions, the state-recovery solve, the score check), before anything tells which way
-wins; the setup is paid once per process, so until something else has paid it (a re-decode, a
-decode that outgrows its audio: ``CallRoutes.setup_paid``) it waits until the decoding so far
-makes it a share no larger than a couple of later probes' budgets (``PROBE_BUDGET``): a process that transcribes a few short files (a command-line run, a serverless
-call) never pays it, a folder of short prompts pays it after many of them, a long recording
-after a few windows (the figures: docs/measurements.md, "Figures behind the code's
-constants"). A loop that pays starts that much late; a re-decode or a decode that outgrows its
-audio goes to the loop without waiting (``RedecodeRouters``, ``SpeculativeWhisper``).
+drafter's sessions, the state-recovery solve, the score check), before anything tells which
+way wins. The setup is paid once per process, so until something else has paid it (a
+re-decode, a decode that outgrows its audio: ``CallRoutes.setup_paid``) the probe waits until
+the decoding so far makes the setup a share no larger than a couple of later probes' budgets
+(``PROBE_BUDGET``): a process that transcribes a few short files (a command-line run, a
+serverless call) never pays it, a folder of short prompts pays it after many of them (the
+figures: docs/measurements.md, "Figures behind the code's constants"). A loop that pays
+starts that much late; a re-decode or a decode that outgrows its audio goes to the loop
+without waiting (``RedecodeRouters``, ``SpeculativeWhisper``).
 
 Probing the losing way costs its extra time once per interval, (loser / winner - 1) of a call.
 The interval is at least what keeps that under ``PROBE_BUDGET`` of the decoding and doubles

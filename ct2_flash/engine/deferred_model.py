@@ -4,11 +4,11 @@ With the stock worker on, the worker encodes every window and serves every call 
 loop, and the engine and call routers send the first calls there (``routing``): the patched
 model in the caller's process is used only by the loop (at float32 from its first probe on
 fresh audio, a re-decode, or a decode that outgrows its audio), the engine router's first
-probe of it, or a worker that fails. Loading it at construction took as long as the worker's own load, before
-the worker started, so a process that transcribes one short file paid it for nothing
-(docs/measurements.md, "Start-up"). ``DeferredWhisper`` answers what
-faster-whisper and ct2-flash read at construction (compute type, device, languages, mel bins)
-from the model's files, and loads the model when anything else is asked of it.
+probe of it, or a worker that fails. Loading it at construction took as long as the worker's
+own load, before the worker started, so a process that transcribes one short file paid it for
+nothing (docs/measurements.md, "Start-up"). ``DeferredWhisper`` answers what faster-whisper
+and ct2-flash read at construction (compute type, device, languages, mel bins) from the
+model's files, and loads the model when anything else is asked of it.
 
 Only compute types whose resolution is certain without loading are deferred
 (``deferred_compute_type``); everything else loads at once, as before.
