@@ -6,16 +6,23 @@ turns, greedy at ``temperature=0``, the lower of ``--repeats`` runs, the model l
 the clock starts:
 
 - ``flash JxT``: ``ct2_flash.transcribe_files`` (what ``ct2-flash transcribe`` runs), J jobs of T
-  threads on one ``FlashWhisperModel(cpu_threads=T, num_workers=J)``, outputs written;
+  threads on one ``FlashWhisperModel(cpu_threads=T, num_workers=J)``, outputs written, its
+  default files in flight (16 where the worker batches ``generate()`` calls: int8);
+- ``flash JxT unbatched``: the same with ``batch_rows=1`` (J files in flight, no batching);
 - ``stock JxT``: faster-whisper on stock ctranslate2, J Python threads on one
   ``WhisperModel(cpu_threads=T, num_workers=J)``, the loop its users write;
 - ``tuned JxT``: the same with tcmalloc preloaded (``stock/allocator.py``);
-- ``... 1 core``: the same pinned to one core (``taskset``), for how throughput scales.
+- ``... 1 core``: the same pinned to one core (``taskset``), for how throughput scales;
+- ``pipeline B``: faster-whisper's ``BatchedInferencePipeline`` at ``batch_size=B`` (tuned, one
+  process of 2 threads, files one after another): its throughput, and how many of its files
+  are sequential ``transcribe()``'s (it batches VAD chunks of one file and changes the output).
 
 Every system's segments (text, start, end) are compared per file with ``stock 1x2``'s. Peak
 resident memory of the process (and of ct2-flash's worker) is recorded per system.
 
     python bench/collections.py --compute-type int8 --repeats 2 --out bench/results/collections/int8.json
+    python bench/collections.py --beam-size 5 --systems "stock 1x2" "tuned 1x2" "tuned 2x1" "flash 2x1" \
+        "flash 2x1 unbatched" "pipeline 8" "pipeline 16" --out bench/results/batching/folder_beam5.json
 """
 
 from __future__ import annotations
@@ -37,20 +44,31 @@ SYSTEMS = (
     ("stock 2x1", "stock", 2, 1, False),
     ("flash 1x2", "flash", 1, 2, False),
     ("flash 2x1", "flash", 2, 1, False),
+    ("flash 2x1 unbatched", "flash-unbatched", 2, 1, False),
     ("tuned 1 core", "tuned", 1, 1, True),
     ("flash 1 core", "flash", 1, 1, True),
+    # (name, kind, batch size, threads, one core)
+    ("pipeline 8", "pipeline", 8, 2, False),
+    ("pipeline 16", "pipeline", 16, 2, False),
 )
 
 
-def child(kind: str, jobs: int, threads: int, model_path: str, compute_type: str, files: list) -> dict:
+def child(kind: str, jobs: int, threads: int, model_path: str, compute_type: str, files: list, beam: int) -> dict:
     """One system's run (in its own process; a stock child imports nothing from ct2_flash)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    options = dict(beam_size=1, temperature=0.0, language="en")
-    if kind == "flash":
+    options = dict(beam_size=beam, temperature=0.0, language="en")
+    batching = {}
+    if kind.startswith("flash"):
         from ct2_flash import FlashWhisperModel, transcribe_files
 
-        model = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=threads, num_workers=jobs)
+        model = FlashWhisperModel(
+            model_path,
+            compute_type=compute_type,
+            cpu_threads=threads,
+            num_workers=jobs,
+            batch_rows=1 if kind == "flash-unbatched" else None,
+        )
         model.transcribe(files[0], **options)  # the worker's start and first call, as for the others
         with tempfile.TemporaryDirectory() as out:
             started = time.perf_counter()
@@ -63,6 +81,24 @@ def child(kind: str, jobs: int, threads: int, model_path: str, compute_type: str
                 segments[result.path] = [[s["text"], s["start"], s["end"]] for s in document["segments"]]
         worker = model.model.engines.stock
         worker_kb = _peak_kb(worker._process.pid) if worker is not None and worker._process is not None else None
+        if worker is not None:
+            batching = {
+                "requests_by_rows_in_call": {str(k): v for k, v in sorted(worker.rows_in_calls.items())},
+                # [requests, round-trip seconds, the worker's seconds] per kind, the warm-up file's included
+                "worker_timings": worker.timings,
+            }
+    elif kind == "pipeline":
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        pipeline = BatchedInferencePipeline(WhisperModel(model_path, compute_type=compute_type, cpu_threads=threads))
+        list(pipeline.transcribe(files[0], batch_size=jobs, **options)[0])
+        started = time.perf_counter()
+        segments = {}
+        for path in files:
+            found, _ = pipeline.transcribe(path, batch_size=jobs, **options)
+            segments[path] = [[s.text, round(s.start, 3), round(s.end, 3)] for s in found]
+        seconds = time.perf_counter() - started
+        worker_kb = None
     else:
         from faster_whisper import WhisperModel
 
@@ -85,6 +121,7 @@ def child(kind: str, jobs: int, threads: int, model_path: str, compute_type: str
         "segments": segments,
         "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "worker_peak_rss_kb": worker_kb,
+        **batching,
     }
 
 
@@ -117,6 +154,7 @@ def main() -> None:
         help="long recordings (bench/long_recordings.py writes them)",
     )
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None, help="the first N short files only (a smoke run)")
     parser.add_argument("--systems", nargs="+", default=[name for name, *_ in SYSTEMS])
     parser.add_argument("--out", default="bench/results/collections/int8.json")
@@ -149,8 +187,9 @@ def main() -> None:
                     args.compute_type,
                     listing,
                     out,
+                    str(args.beam_size),
                 ]
-                env = dict(os.environ) if kind == "flash" else stock_environment(tuned=kind == "tuned")
+                env = dict(os.environ) if kind.startswith("flash") else stock_environment(tuned=kind != "stock")
                 if one_core:
                     argv = ["taskset", "-c", "0", *argv]
                 subprocess.run(argv, env=env, check=True)
@@ -171,12 +210,15 @@ def main() -> None:
             "files_identical_to_stock_1x2": identical,
             "peak_rss_mb": max(run["peak_rss_kb"] for run in runs[name]) / 1024,
             "worker_peak_rss_mb": (max(run["worker_peak_rss_kb"] or 0 for run in runs[name]) / 1024) or None,
+            "requests_by_rows_in_call": best.get("requests_by_rows_in_call"),
+            "worker_timings": best.get("worker_timings"),
         }
     document = {
         "machine": machine(),
         "command": " ".join(sys.argv),
         "model": args.model,
         "compute_type": args.compute_type,
+        "beam_size": args.beam_size,
         "files": len(files),
         "audio_seconds": audio_seconds,
         "tuned_allocator": tuned_allocator().describe(),
@@ -206,7 +248,7 @@ def plot(document: dict, path: str, save_figure) -> None:
     axis.tick_params(axis="x", rotation=20, labelsize=8)
     axis.set_title(
         f"{document['files']} files, {document['audio_seconds'] / 60:.1f} min, {document['model']} "
-        f"{document['compute_type']}, {document['machine']['cpu']}",
+        f"{document['compute_type']} beam {document.get('beam_size', 1)}, {document['machine']['cpu']}",
         fontsize=9,
     )
     save_figure(figure, path)
@@ -214,10 +256,10 @@ def plot(document: dict, path: str, save_figure) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        kind, jobs, threads, model_path, compute_type, listing, out = sys.argv[2:9]
+        kind, jobs, threads, model_path, compute_type, listing, out, beam = sys.argv[2:10]
         with open(listing, encoding="utf-8") as stream:
             paths = json.load(stream)
-        result = child(kind, int(jobs), int(threads), model_path, compute_type, paths)
+        result = child(kind, int(jobs), int(threads), model_path, compute_type, paths, int(beam))
         with open(out, "w", encoding="utf-8") as stream:
             json.dump(result, stream)
     else:

@@ -299,6 +299,8 @@ def test_a_killed_run_is_resumed_and_leaves_no_partial_file(tmp_path):
         str(out),
         "--jobs",
         "1",
+        "--files-in-flight",
+        "1",  # in order: the kill leaves the last files to do
         "--output-format",
         "all",
     ]

@@ -49,6 +49,17 @@ FLOAT32_GUARD = 1e-3
 QUANTIZED_GUARD = 2.0
 # decoder_threads="auto" splits off a one-thread decoder for models up to this width.
 AUTO_SPLIT_MAX_WIDTH = 512
+# The most rows one stock ``generate()`` call decodes by default, where batching is exact
+# (``batch_rows``; the measurement behind it: docs/measurements.md, "Batching").
+DEFAULT_BATCH_ROWS = 16
+
+
+def default_batch_rows(compute_type: str) -> int:
+    """``batch_rows`` where not given: ``DEFAULT_BATCH_ROWS`` at the int8 compute types, where
+    stock CTranslate2 gives a row the same tokens and scores, bit for bit, inside a batch as
+    alone (the worker checks each CPU before it first batches); 1 elsewhere: at float32 the
+    tokens matched but scores moved in their last digits (docs/exactness.md, "Batching")."""
+    return DEFAULT_BATCH_ROWS if compute_type.startswith("int8") else 1
 
 
 def signature_of(original) -> Callable:
@@ -172,6 +183,15 @@ class FlashWhisperModel(WhisperModel):
             or dies, one warning, and the patched runtime serves the calls (a dead worker is
             started again on the next call). CPU only. False: the patched runtime serves
             everything (output: faster-whisper's on the patched runtime).
+        batch_rows: with the worker, the most rows one ``generate()`` call there decodes:
+            concurrent calls (threads sharing the model: ``num_workers``, a server's requests,
+            ``ct2-flash transcribe``'s files in flight) whose prompt layout and options match
+            run as one call, each caller getting its own rows (``stock.batching``). None:
+            ``default_batch_rows`` (16 at int8, where a row's tokens and scores are the same
+            in a batch; 1, no batching, at float32). Each caller's output is the same either
+            way where the CPU is batch-invariant, which the worker checks before batching.
+        batch_wait: seconds a call may wait for partners while other calls are being served
+            (default 0: it takes those already waiting, and a lone call never waits).
         engine_router: with the worker, decides per greedy ``generate()`` call which engine
             runs it (default a new ``EngineRouter``: the worker; ``EngineRouter(measure=True)``
             measures both); a benchmark or test that needs every call on one engine passes its
@@ -194,6 +214,8 @@ class FlashWhisperModel(WhisperModel):
         stock_engine: bool = True,
         engine_router: Optional[EngineRouter] = None,
         redecodes: bool = True,
+        batch_rows: Optional[int] = None,
+        batch_wait: float = 0.0,
         policy: Optional[CallRouter] = None,
         engine_policy: Optional[EngineRouter] = None,
         **kwargs,
@@ -201,6 +223,8 @@ class FlashWhisperModel(WhisperModel):
         call_router = _renamed("policy", policy, "call_router", call_router)
         engine_router = _renamed("engine_policy", engine_policy, "engine_router", engine_router)
         _check_decoder_threads(decoder_threads)
+        _check_batching(batch_rows, batch_wait)
+        batching = (batch_rows, batch_wait)
         model_path = resolve_model(model_size_or_path)
         deferred = self._deferred_compute_type(model_path, args, kwargs, stock_engine)
         if deferred is not None and deferred.startswith("int8") and near_exact and decoder_threads == "auto":
@@ -212,7 +236,7 @@ class FlashWhisperModel(WhisperModel):
             # Nothing here loads the model then: the worker starts first, and loads its copy
             # while faster-whisper's constructor and ours run. It stops with the model, or with
             # a constructor that raises.
-            stock = self._stock_engine(model_path, args, kwargs, seed, "cpu", deferred)
+            stock = self._stock_engine(model_path, args, kwargs, seed, "cpu", deferred, batching)
             stopping = weakref.finalize(self, stock.close)
         with (
             deferring_loads(faster_whisper.transcribe, _deferred_build(deferred))
@@ -234,7 +258,9 @@ class FlashWhisperModel(WhisperModel):
             deferred=deferred,
         )
         if stock is None and stock_engine:
-            stock = self._stock_engine(model_path, args, kwargs, seed, self.model.device, self.model.compute_type)
+            stock = self._stock_engine(
+                model_path, args, kwargs, seed, self.model.device, self.model.compute_type, batching
+            )
         engines = Engines(self.model, stock, engine_router)
         if stopping is not None:
             stopping.detach()
@@ -324,10 +350,12 @@ class FlashWhisperModel(WhisperModel):
         )
 
     def _stock_engine(
-        self, model_path: str, args, kwargs, seed: Optional[int], device: str, compute_type: str
+        self, model_path: str, args, kwargs, seed: Optional[int], device: str, compute_type: str, batching: tuple
     ) -> Optional[StockEngine]:
         """The worker on stock ctranslate2, with this model's compute type and threads (CPU
-        only: the measured penalty is the patched runtime's CPU kernels)."""
+        only: the measured penalty is the patched runtime's CPU kernels), batching as
+        ``batching`` = (``batch_rows``, ``batch_wait``) says."""
+        batch_rows, batch_wait = batching
         if device != "cpu":
             logger.info("ct2-flash: stock_engine only applies on CPU; the %s model serves every call", device)
             return None
@@ -338,6 +366,8 @@ class FlashWhisperModel(WhisperModel):
             intra_threads=bound.get("cpu_threads", 0),
             inter_threads=bound.get("num_workers", 1),
             seed=seed,
+            max_batch_rows=default_batch_rows(compute_type) if batch_rows is None else batch_rows,
+            batch_wait=batch_wait,
         )
         # It loads its model while the caller gets its audio ready: the first call does not wait
         # a whole start (about a second for tiny.en).
@@ -465,6 +495,13 @@ def _renamed(old: str, old_value, new: str, value):
         f"FlashWhisperModel({old}=...) is now {new}=...; {old}= will be removed", DeprecationWarning, stacklevel=3
     )
     return old_value
+
+
+def _check_batching(batch_rows, batch_wait) -> None:
+    if batch_rows is not None and (isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1):
+        raise ValueError(f"batch_rows must be an integer >= 1 (1: no batching) or None, got {batch_rows!r}")
+    if isinstance(batch_wait, bool) or not isinstance(batch_wait, (int, float)) or not batch_wait >= 0:
+        raise ValueError(f"batch_wait must be a number of seconds >= 0, got {batch_wait!r}")
 
 
 def _check_decoder_threads(decoder_threads) -> None:

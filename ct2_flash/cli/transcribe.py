@@ -91,8 +91,22 @@ def _add_layout_options(transcribe) -> None:
         "--jobs",
         type=int,
         default=None,
-        help="files transcribed at once, threads sharing one model (default: one per core, no more than the files "
-        "left to do)",
+        help="the model's replicas, each running one call at a time (num_workers; default: one per core, no more "
+        "than the files left to do)",
+    )
+    transcribe.add_argument(
+        "--files-in-flight",
+        type=int,
+        default=None,
+        help="files transcribed at once, threads sharing the model, whose windows the stock worker decodes together "
+        "(default: 16 where it batches, else --jobs; each holds its decoded audio, ~230 MB an hour)",
+    )
+    transcribe.add_argument(
+        "--batch-rows",
+        type=int,
+        default=None,
+        help="the most windows one generate() call decodes (default: 16 at int8, 1 at float32: "
+        "FlashWhisperModel(batch_rows=...))",
     )
     transcribe.add_argument(
         "--threads", type=int, default=None, help="CPU threads per job (default: the cores divided among the jobs)"
@@ -141,8 +155,12 @@ def run(args: argparse.Namespace) -> int:
     from ct2_flash.jobs.outputs import FORMATS
 
     formats = FORMATS if args.output_format == "all" else (args.output_format,)
-    if args.beam_size < 1 or any(value is not None and value < 1 for value in (args.threads, args.jobs)):
-        print("ct2-flash transcribe: --beam-size, --threads and --jobs must be >= 1", file=sys.stderr)
+    layout = (args.threads, args.jobs, args.files_in_flight, args.batch_rows)
+    if args.beam_size < 1 or any(value is not None and value < 1 for value in layout):
+        print(
+            "ct2-flash transcribe: --beam-size, --threads, --jobs, --files-in-flight and --batch-rows must be >= 1",
+            file=sys.stderr,
+        )
         return 2
     try:
         files = find_audio(args.files)
@@ -201,7 +219,10 @@ def _results(args: argparse.Namespace, files, todo, formats):
     model = _transcription_model(args) if todo else None
     if model is False:
         return False, iter(())
-    return model, transcribe_found(files, args.output_dir, formats, model, args.jobs, **_transcribe_options(args))
+    results = transcribe_found(
+        files, args.output_dir, formats, model, args.jobs, args.files_in_flight, **_transcribe_options(args)
+    )
+    return model, results
 
 
 class _Interrupted(Exception):
@@ -348,6 +369,7 @@ def _model_options(args: argparse.Namespace) -> dict:
         near_exact=args.near_exact,
         stock_engine=args.stock_engine,
         drafter=args.drafter,
+        batch_rows=args.batch_rows,
     )
 
 

@@ -232,12 +232,30 @@ def default_layout(
     return jobs, threads or max(1, cores // jobs)
 
 
+# Files one process transcribes at once where its model batches (``files_in_flight``): each has
+# a window in flight, so concurrent ``generate()`` calls can share one call in the worker
+# (``stock.batching``). The figure by measurement on 2 cores: docs/measurements.md, "Batching".
+# Each file in flight holds its decoded audio (faster-whisper decodes a whole file: ~230 MB of
+# float32 for an hour).
+FILES_IN_FLIGHT = 16
+
+
+def files_in_flight(model, jobs: int) -> int:
+    """Files transcribed at once by default: ``FILES_IN_FLIGHT`` where ``model``'s worker
+    batches ``generate()`` calls, else ``jobs`` (one per replica, as before batching)."""
+    engines = getattr(getattr(model, "model", None), "engines", None)
+    stock = getattr(engines, "stock", None)
+    batches = stock is not None and stock.max_batch_rows > 1
+    return max(jobs, FILES_IN_FLIGHT) if batches else jobs
+
+
 def transcribe_files(
     inputs: Sequence[str],
     output_dir: str,
     formats: Sequence[str] = ("txt",),
     model=None,
     jobs: int = 1,
+    in_flight: Optional[int] = None,
     **transcribe_options,
 ) -> Iterator[FileResult]:
     """Transcribe every audio file ``inputs`` name (``find_audio``) into ``output_dir``.
@@ -249,7 +267,9 @@ def transcribe_files(
         model: a ``FlashWhisperModel`` (or faster-whisper's ``WhisperModel``); default
             ``FlashWhisperModel("tiny.en", num_workers=jobs)``, built only if a file needs
             transcribing.
-        jobs: files transcribed at once (``transcribe_found``).
+        jobs: the model's replicas (its ``num_workers``: ``generate()`` calls run at once).
+        in_flight: files transcribed at once, threads sharing the model (default
+            ``files_in_flight``: 16 where the model batches, else ``jobs``).
         transcribe_options: ``transcribe()``'s options (``beam_size=1`` unless given).
     Yields:
         a ``FileResult`` per file as each is finished (in order with one job).
@@ -259,43 +279,54 @@ def transcribe_files(
     """
     files = find_audio(inputs)
     check_output_folder(output_dir)
-    return transcribe_found(files, output_dir, formats, model, jobs, **transcribe_options)
+    return transcribe_found(files, output_dir, formats, model, jobs, in_flight, **transcribe_options)
 
 
 def transcribe_found(
-    files: Sequence[AudioFile], output_dir: str, formats: Sequence[str], model=None, jobs: int = 1, **transcribe_options
+    files: Sequence[AudioFile],
+    output_dir: str,
+    formats: Sequence[str],
+    model=None,
+    jobs: int = 1,
+    in_flight: Optional[int] = None,
+    **transcribe_options,
 ) -> Iterator[FileResult]:
     """``transcribe_files`` on files already found (``find_audio``), into a checked folder.
 
-    With ``jobs`` > 1, that many files are transcribed at once by threads sharing ``model``,
-    which should then be built with faster-whisper's ``num_workers=jobs`` (CTranslate2 then
-    runs that many calls at once, each on a replica with ``cpu_threads`` threads); results come
-    as files finish. An interruption (Ctrl-C, closing the iterator) lets the files being
-    transcribed finish and write their outputs, and starts no other.
+    ``in_flight`` files (default ``files_in_flight``) are transcribed at once by threads
+    sharing ``model``, which should be built with faster-whisper's ``num_workers=jobs``
+    (CTranslate2 then runs that many calls at once, each on a replica with ``cpu_threads``
+    threads; the worker runs the files' concurrent ``generate()`` calls as one where they can
+    share one, each file's output unchanged); results come as files finish. An interruption
+    (Ctrl-C, closing the iterator) lets the files being transcribed finish and write their
+    outputs, and starts no other.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
+    if in_flight is not None and in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight!r}")
     transcribe_options.setdefault("beam_size", 1)
-    if jobs == 1:
-        for audio in files:
-            skipped = _skipped(audio, output_dir, formats)
-            if skipped is not None:
-                yield skipped
-                continue
-            model = model or _default_model(jobs)
+    todo = []
+    for audio in files:  # skipped ones first: one look at each file's outputs
+        skipped = _skipped(audio, output_dir, formats)
+        if skipped is None:
+            todo.append(audio)
+        else:
+            yield skipped
+    if not todo:
+        return
+    model = model or _default_model(jobs)
+    slots = in_flight or files_in_flight(model, jobs)
+    if slots == 1:
+        for audio in todo:
             yield _transcribe_one(model, audio, output_dir, formats, transcribe_options)
         return
-    with ThreadPoolExecutor(jobs, thread_name_prefix="ct2-flash-transcribe") as pool:
+    with ThreadPoolExecutor(slots, thread_name_prefix="ct2-flash-transcribe") as pool:
         running: Set[Future] = set()
         try:
-            for audio in files:
-                skipped = _skipped(audio, output_dir, formats)
-                if skipped is not None:
-                    yield skipped
-                    continue
-                model = model or _default_model(jobs)
+            for audio in todo:
                 running.add(pool.submit(_transcribe_one, model, audio, output_dir, formats, transcribe_options))
-                if len(running) >= jobs:
+                if len(running) >= slots:
                     finished, running = wait(running, return_when=FIRST_COMPLETED)
                     for future in finished:
                         yield future.result()
@@ -353,6 +384,9 @@ def transcribe_on_ray(
     holding one ``FlashWhisperModel(**model_options)`` and writing its files' outputs into
     ``output_dir`` (a path every node sees) as ``transcribe_found`` does: whole or not at all, a
     failure a result with its reason. Files whose outputs exist are skipped here, on the driver.
+    An actor transcribes the files of a Ray batch at once (up to ``FILES_IN_FLIGHT``, threads
+    sharing its model, where the model batches), so its worker runs their ``generate()`` calls
+    as one where they can share one, as ``transcribe_found`` does.
 
     Args:
         address: the cluster (``ray.init(address=...)``); None starts a local Ray instance,
@@ -392,9 +426,10 @@ def transcribe_on_ray(
     context.enable_progress_bars = False  # the caller shows its own progress
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     dataset = ray.data.from_items([{"path": audio.path, "stem": audio.stem} for audio in todo])
+    per_actor = max(1, min(FILES_IN_FLIGHT, -(-len(todo) // actors)))
     results = dataset.map_batches(
         _RayTranscriber,
-        batch_size=1,
+        batch_size=per_actor,
         concurrency=(1, actors),
         num_cpus=threads,
         fn_constructor_kwargs=dict(
@@ -434,7 +469,8 @@ def _check_reachable(address: str) -> None:
 
 
 class _RayTranscriber:
-    """A Ray Data actor: one model, files one at a time (``_transcribe_one``)."""
+    """A Ray Data actor: one model, the files of a batch transcribed at once where it batches
+    (``files_in_flight``), else one at a time (``_transcribe_one``)."""
 
     def __init__(self, output_dir: str, formats: List[str], model_options: Dict, options: Dict) -> None:
         from ct2_flash.adapter.whisper_model import FlashWhisperModel
@@ -446,10 +482,11 @@ class _RayTranscriber:
         columns: Dict[str, list] = {
             key: [] for key in ("path", "status", "outputs", "error", "audio_seconds", "seconds")
         }
-        for path, stem in zip(batch["path"], batch["stem"]):
-            result = _transcribe_one(
-                self.model, AudioFile(str(path), str(stem)), self.output_dir, self.formats, self.options
-            )
+        files = [AudioFile(str(path), str(stem)) for path, stem in zip(batch["path"], batch["stem"])]
+        slots = min(len(files), files_in_flight(self.model, 1))
+        with ThreadPoolExecutor(max(1, slots), thread_name_prefix="ct2-flash-ray") as pool:
+            done = list(pool.map(lambda audio: self._one(audio), files))
+        for result in done:
             columns["path"].append(result.path)
             columns["status"].append(result.status)
             columns["outputs"].append(list(result.outputs))
@@ -457,3 +494,6 @@ class _RayTranscriber:
             columns["audio_seconds"].append(result.audio_seconds)
             columns["seconds"].append(result.seconds)
         return columns
+
+    def _one(self, audio: AudioFile) -> FileResult:
+        return _transcribe_one(self.model, audio, self.output_dir, self.formats, self.options)

@@ -54,6 +54,11 @@ def worker_allocator(keep_freed_memory: bool) -> Allocator:
     return tuned if choice == "tcmalloc" and keep_freed_memory and tuned.library else GLIBC_DEFAULT
 
 
+def default_invariance_file() -> str:
+    """Where workers keep, per machine, whether its CPU decodes rows the same in a batch."""
+    return os.path.join(os.path.expanduser("~"), ".cache", "ct2_flash", "batch_invariance.json")
+
+
 class StockUnavailable(RuntimeError):
     """The stock engine did not answer this request; the patched runtime must serve it."""
 
@@ -201,6 +206,12 @@ class StockEngine:
             preloaded where its library is installed and freed memory is kept (the decode's
             many small allocations are cheaper there than in glibc), else glibc with the
             settings above; ``CT2_FLASH_WORKER_ALLOCATOR=glibc`` keeps glibc.
+        max_batch_rows: the most rows one ``generate()`` call decodes: concurrent requests
+            that can share a call run as one (``batching.py``); 1 runs each alone.
+        batch_wait: seconds a request may wait for partners while others are served (0: it
+            takes only those already waiting).
+        invariance_file: where the worker keeps its verdict on this CPU's batch invariance
+            (``invariance.py``; default ``default_invariance_file()``; "" keeps none).
 
     Attributes:
         allocator: what the worker runs, from its load answer ("tcmalloc", "glibc"), None before.
@@ -216,7 +227,14 @@ class StockEngine:
         directory: str = "",
         keep_freed_memory: Optional[bool] = None,
         allocator: Optional[Allocator] = None,
+        max_batch_rows: int = 1,
+        batch_wait: float = 0.0,
+        invariance_file: Optional[str] = None,
     ) -> None:
+        if int(max_batch_rows) < 1:
+            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows!r}")
+        if not batch_wait >= 0:
+            raise ValueError(f"batch_wait must be a number of seconds >= 0, got {batch_wait!r}")
         if keep_freed_memory is None:
             keep_freed_memory = os.environ.get("CT2_FLASH_WORKER_KEEPS_MEMORY", "1") != "0"
         if allocator is None:
@@ -230,7 +248,11 @@ class StockEngine:
             "inter_threads": inter_threads,
             "seed": seed,
             "keep_freed_memory": bool(keep_freed_memory),
+            "max_batch_rows": int(max_batch_rows),
+            "batch_wait": float(batch_wait),
+            "invariance_file": invariance_file if invariance_file is not None else default_invariance_file(),
         }
+        self.max_batch_rows = int(max_batch_rows)
         self.directory = directory or stock_dir()
         self.disabled: Optional[str] = None  # why the engine is not used any more
         self.restarts = 0
@@ -259,6 +281,8 @@ class StockEngine:
         # What the channel costs: per request kind, [requests, round-trip seconds, seconds the
         # worker spent on them]; the difference is pipes, shared memory and JSON.
         self.timings: dict = {}
+        # generate() requests answered, by the rows of the call that decoded them (1: alone).
+        self.rows_in_calls: Dict[int, int] = {}
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -280,6 +304,9 @@ class StockEngine:
         """``Whisper.generate`` there, one result per row."""
         prompts = [[t if isinstance(t, str) else int(t) for t in prompt] for prompt in prompts]
         answer, _ = self._ask({"op": "generate", "prompts": prompts, "options": options}, encoding)
+        rows = int(answer.get("rows_in_call", len(prompts)))
+        with self._lock:
+            self.rows_in_calls[rows] = self.rows_in_calls.get(rows, 0) + 1
         return [GenerationResult(**result) for result in answer["results"]]
 
     def detect_language(self, encoding: RemoteEncoding) -> list:

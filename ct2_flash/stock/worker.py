@@ -4,15 +4,15 @@ Started by ``client.StockEngine`` as ``python worker.py STOCK_DIR``; ``STOCK_DIR
 ``sys.path`` so that ``import ctranslate2`` finds the stock release, not the patched runtime of
 the environment. It imports nothing from ct2_flash, whose import would load the patched
 runtime, nor numpy: its start is on the path of a process's first call, and arrays reach the
-engine through their address and shape (``_Float32Array``, ``ctypes.memmove``). Requests, one
+engine through their address and shape (``batching.Float32Array``, ``ctypes.memmove``). Requests, one
 JSON line each on stdin, each with an "id" that its answer on stdout repeats (errors as
 {"error": ...}):
 
     {"op": "load", "model": DIR, "compute_type": "int8", "intra_threads": 2, "inter_threads": 1, "seed": null,
-     "keep_freed_memory": true}
+     "keep_freed_memory": true, "max_batch_rows": 16, "batch_wait": 0.0, "invariance_file": PATH}
     {"op": "encode", "block": NAME, "shape": [batch, mels, frames]}  -> {"handle": H, "shape": [...]}
     {"op": "fetch", "handle": H, "block": NAME}                       -> {"shape": [...]}  (written there)
-    {"op": "generate", "handle": H, "prompts": [...], "options": {...}} -> {"results": [...]}
+    {"op": "generate", "handle": H, "prompts": [...], "options": {...}} -> {"results": [...], "rows_in_call": N}
     {"op": "detect_language", "handle": H}                            -> {"languages": [[[token, p], ...], ...]}
     {"op": "align", "handle": H, "start_sequence": [...], "text_tokens": [...], "num_frames": N,
      "median_filter_width": 7}                                         -> {"alignments": [...]}
@@ -22,7 +22,10 @@ The load answer says whether freed memory is kept, as asked (``keep_freed_memory
 allocator this process runs ("tcmalloc" where the client preloaded it, else "glibc"). After it,
 up to ``inter_threads`` requests run at once, one per replica of the model, as threads sharing
 the model in-process would (faster-whisper's ``num_workers``); answers come as they finish, so
-in another order than asked. Every answer carries "seconds", the time the request took here.
+in another order than asked. ``generate()`` requests that can share a call run as one, up to
+``max_batch_rows`` rows (``batching.py``: the scheduler; ``invariance.py``: the check of this
+CPU before the first batch); "rows_in_call" says how many rows the call decoded. Every answer
+carries "seconds", the time the request (or the call it shared) took here.
 A request's "block" is mapped before anything else is done with it (an error answer included),
 so that the client can take the block's name out of /dev/shm once the answer comes; a block
 whose name is gone by then is answered {"error": "unknown block ..."}. Every request may carry
@@ -33,14 +36,17 @@ case; an older one asked for answers {"error": "unknown handle"} and the client 
 """
 
 import ctypes
+import json
 import math
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 from collections import OrderedDict
+from typing import Optional
+
+import batching  # this folder is first on sys.path (below): the script's own
 
 KEPT = 32
 # glibc's mallopt parameters.
@@ -95,7 +101,7 @@ def serve(stdin, stdout) -> None:
     import protocol  # this folder is on sys.path: the script's own
 
     state = _State(protocol, ctranslate2, stdout)
-    waiting: "queue.Queue" = queue.Queue()
+    waiting = None  # the queue (batching.Batches), once the model is loaded
     threads: list = []
     for line in stdin:
         request = protocol.decode(line)
@@ -107,9 +113,10 @@ def serve(stdin, stdout) -> None:
         except OSError as error:  # its block is gone: the client unlinked it before this worker mapped it
             state.answer(request, {"error": f"unknown block ({error})", "seconds": 0.0})
             continue
-        if request["op"] == "load" or not threads:  # before the model: answered at once (with its error)
+        if request["op"] == "load" or waiting is None:  # before the model: answered at once (with its error)
             state.run(request, encoding)
-            if state.model is not None and not threads:
+            if state.model is not None and waiting is None:
+                waiting = state.queue(request)
                 threads = [
                     threading.Thread(target=_serve_requests, args=(state, waiting), daemon=True)
                     for _ in range(max(1, int(request["inter_threads"])))
@@ -118,35 +125,21 @@ def serve(stdin, stdout) -> None:
                     thread.start()
         else:
             waiting.put((request, encoding))
-    for thread in threads:  # every request asked is answered before the exit
-        waiting.put(None)
+    if waiting is not None:  # every request asked is answered before the exit
+        waiting.stop()
     for thread in threads:
         thread.join()
     state.blocks.close()
 
 
-def _serve_requests(state: "_State", waiting: "queue.Queue") -> None:
-    """One of ``inter_threads`` threads: serves requests in the order asked until told to stop."""
-    for item in iter(waiting.get, None):
-        state.run(*item)
-
-
-_FLOAT32 = "<f4"  # numpy's array-interface name of little-endian float32
-
-
-class _Float32Array:
-    """A C-contiguous float32 array of ``shape`` at ``address``, as ``StorageView.from_array``
-    reads one (the array interface), without numpy: this process never imports it, to start
-    sooner (``protocol``'s docstring)."""
-
-    def __init__(self, address: int, shape) -> None:
-        self.__array_interface__ = {
-            "shape": tuple(int(n) for n in shape),
-            "typestr": _FLOAT32,
-            "data": (address, False),
-            "strides": None,
-            "version": 3,
-        }
+def _serve_requests(state: "_State", waiting) -> None:
+    """One of ``inter_threads`` threads: serves requests in the order asked, ``generate()``
+    requests that can share a call together (``batching.Batches``), until told to stop."""
+    for items in iter(waiting.take, None):
+        try:
+            state.run_together(items)
+        finally:
+            waiting.done()
 
 
 class _State:
@@ -159,6 +152,89 @@ class _State:
         self.outputs: "OrderedDict[int, object]" = OrderedDict()
         self.model, self.next_handle = None, 0
         self.lock = threading.Lock()
+        # Batching (``queue``): the ids the batch key needs, whether sampling is seeded, and
+        # whether this CPU decodes a row the same in a batch (None: not checked yet).
+        self.sot: Optional[int] = None
+        self.prev: Optional[int] = None
+        self.seeded = False
+        self.invariant: Optional[bool] = None
+        self.invariance_file: Optional[str] = None
+        self.threads = 0
+        self._checking = threading.Lock()
+
+    def queue(self, load: dict) -> batching.Batches:
+        """The queue the serving threads take requests from, batching as the load request
+        asked (``max_batch_rows``, ``batch_wait``)."""
+        self.sot, self.prev = _special_ids(load["model"])
+        self.seeded = load.get("seed") is not None
+        self.threads = int(load.get("intra_threads") or 0)
+        self.invariance_file = load.get("invariance_file")
+
+        def key(item):
+            request, encoding = item
+            rows = encoding.shape[0] if encoding is not None else 0
+            return batching.batch_key(request, rows, self.sot, self.seeded)
+
+        return batching.Batches(
+            key,
+            lambda item: len(item[0].get("prompts") or ()) or 1,
+            max_rows=max(1, int(load.get("max_batch_rows") or 1)),
+            wait_seconds=float(load.get("batch_wait") or 0.0),
+            threads=max(1, int(load["inter_threads"])),
+        )
+
+    def run_together(self, items: list) -> None:
+        """Serve ``items`` (requests with their encodings): one alone as ``run`` does, several
+        ``generate()`` requests of one batch key as one call over their stacked encoder outputs,
+        each answered with its own rows. Where this CPU is not batch-invariant, or the batched
+        call raises, each is served alone: its own results, or its own error."""
+        if len(items) == 1 or not self.batch_invariant():
+            for item in items:
+                self.run(*item)
+            return
+        started = time.perf_counter()
+        requests = [request for request, _ in items]
+        rows = [len(request["prompts"]) for request in requests]
+        try:
+            together = batching.stacked([encoding for _, encoding in items])
+            results = self.model.generate(
+                self.ctranslate2.StorageView.from_array(together),
+                [prompt for request in requests for prompt in request["prompts"]],
+                **requests[0]["options"],
+            )
+        except Exception:
+            for item in items:
+                self.run(*item)
+            return
+        seconds = time.perf_counter() - started
+        for request, part in zip(requests, batching.split(results, rows)):
+            self.answer(request, {**_generated(part), "seconds": seconds, "rows_in_call": sum(rows)})
+
+    def batch_invariant(self) -> bool:
+        """Whether this CPU decodes a row the same inside a batch as alone
+        (``invariance.batch_invariant``): checked once, before the first batch, and kept per
+        machine in ``invariance_file``."""
+        with self._checking:
+            if self.invariant is None:
+                import invariance  # this folder is on sys.path: the script's own
+
+                ctranslate2 = self.ctranslate2
+                key = invariance.machine_key(ctranslate2.__version__, self.model.compute_type, self.threads)
+                verdict = invariance.remembered(self.invariance_file, key)
+                if verdict is None:
+                    verdict = invariance.batch_invariant(
+                        self.model,
+                        ctranslate2.StorageView,
+                        batching.Float32Array,
+                        batching.stacked,
+                        self.sot,
+                        self.prev,
+                    )
+                    invariance.remember(self.invariance_file, key, verdict)
+                self.invariant = verdict
+                if not verdict:
+                    sys.stderr.write("ct2-flash worker: this CPU decodes rows differently in a batch: not batching\n")
+            return self.invariant
 
     def take(self, request: dict):
         """Drop what ``request`` releases and unmaps, and map its block (the client unlinks a
@@ -191,7 +267,7 @@ class _State:
                 # unmap would crash this process.
                 output = self.model.encode(
                     self.ctranslate2.StorageView.from_array(
-                        _Float32Array(self.address(request["block"], request["shape"]), request["shape"])
+                        batching.Float32Array(self.address(request["block"], request["shape"]), request["shape"])
                     )
                 )
                 with self.lock:
@@ -204,25 +280,15 @@ class _State:
                 answer = {"error": "unknown handle"}
             elif op == "fetch":
                 source = encoding.__array_interface__
-                if source["typestr"] != _FLOAT32:
+                if source["typestr"] != batching.FLOAT32:
                     raise TypeError(f"the encoder output is {source['typestr']}, not float32")
                 ctypes.memmove(
                     self.address(request["block"], source["shape"]), source["data"][0], 4 * math.prod(source["shape"])
                 )
                 answer = {"shape": list(source["shape"])}
             elif op == "generate":
-                results = self.model.generate(encoding, request["prompts"], **request["options"])
-                answer = {
-                    "results": [
-                        {
-                            "sequences": r.sequences,
-                            "sequences_ids": r.sequences_ids,
-                            "scores": r.scores,
-                            "no_speech_prob": r.no_speech_prob,
-                        }
-                        for r in results
-                    ]
-                }
+                answer = _generated(self.model.generate(encoding, request["prompts"], **request["options"]))
+                answer["rows_in_call"] = len(request["prompts"])
             elif op == "detect_language":
                 answer = {"languages": self.model.detect_language(encoding)}
             elif op == "align":
@@ -276,6 +342,39 @@ class _State:
             "keep_freed_memory": kept,
             "allocator": allocator(),
         }
+
+
+def _generated(results) -> dict:
+    """A ``generate()`` answer's body: its rows' results."""
+    return {
+        "results": [
+            {
+                "sequences": r.sequences,
+                "sequences_ids": r.sequences_ids,
+                "scores": r.scores,
+                "no_speech_prob": r.no_speech_prob,
+            }
+            for r in results
+        ]
+    }
+
+
+def _special_ids(model_dir: str) -> tuple:
+    """(``<|startoftranscript|>``, ``<|startofprev|>``) ids in the model's vocabulary file
+    (``vocabulary.json`` or ``vocabulary.txt``), None for one not found: the batch key's
+    prompt layout needs the first; without it nothing is batched."""
+    tokens: list = []
+    try:
+        if os.path.isfile(os.path.join(model_dir, "vocabulary.json")):
+            with open(os.path.join(model_dir, "vocabulary.json"), encoding="utf-8") as stream:
+                tokens = json.load(stream)
+        else:
+            with open(os.path.join(model_dir, "vocabulary.txt"), encoding="utf-8") as stream:
+                tokens = stream.read().split("\n")
+    except (OSError, ValueError):
+        return None, None
+    ids = {token: index for index, token in enumerate(tokens) if isinstance(token, str) and token.startswith("<|start")}
+    return ids.get("<|startoftranscript|>"), ids.get("<|startofprev|>")
 
 
 if __name__ == "__main__":
