@@ -222,14 +222,19 @@ class _State:
                 key = invariance.machine_key(ctranslate2.__version__, self.model.compute_type, self.threads)
                 verdict = invariance.remembered(self.invariance_file, key)
                 if verdict is None:
-                    verdict = invariance.batch_invariant(
-                        self.model,
-                        ctranslate2.StorageView,
-                        batching.Float32Array,
-                        batching.stacked,
-                        self.sot,
-                        self.prev,
-                    )
+                    try:
+                        verdict = invariance.batch_invariant(
+                            self.model,
+                            ctranslate2.StorageView,
+                            batching.Float32Array,
+                            batching.stacked,
+                            self.sot,
+                            self.prev,
+                        )
+                    except Exception as error:  # a check that cannot run proves nothing: no batching
+                        sys.stderr.write(f"ct2-flash worker: the batch check failed ({error}): not batching\n")
+                        self.invariant = False
+                        return False  # not kept: checked again by the next worker
                     invariance.remember(self.invariance_file, key, verdict)
                 self.invariant = verdict
                 if not verdict:
