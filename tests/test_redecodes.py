@@ -6,7 +6,10 @@ window it decoded before by its first second of audio and offers that hypothesis
 segments must equal plain faster-whisper's on the same engine, whatever the options.
 """
 
+import time
+
 import numpy as np
+
 import pytest
 
 from .conftest import segments_of
@@ -226,11 +229,19 @@ def test_a_window_given_a_looping_prompt_is_stopped_early_and_decoded_exactly(fl
 
     flash = float32_pair.flash
     _routed_to_generate(monkeypatch, flash)
+    taught = []
+    monkeypatch.setattr(flash.model.routes.greedy, "record", lambda *args: taught.append(args))
     audio = clips["clip11_rms.ogg"]  # 18.7 s, 74 tokens: over the cap, under the audio's own
     options = dict(beam_size=1, temperature=0.0, initial_prompt=" Okay." * 20)
     expected = _with_scores(float32_pair.baseline, audio, **options)
     assert sum(len(segment[0]) for segment, _, _ in expected) > speculative_whisper.LOOPED_PROMPT_CAP
+    started = time.perf_counter()
     got = _with_scores(flash, audio, **options)
+    wall = time.perf_counter() - started
     assert [segment for segment, _, _ in got] == [segment for segment, _, _ in expected]
     assert [score for _, score, _ in got] == pytest.approx([score for _, score, _ in expected], abs=1e-4)
-    assert flash.spec_stats.continued_rows == 1
+    stats = flash.spec_stats
+    assert stats.continued_rows == 1
+    # Each second once: generate()'s part in generate_seconds, the loop's in its own timers.
+    assert stats.generate_seconds + stats.encoder_seconds + stats.decode_seconds <= wall
+    assert taught == []  # part generate(), part loop: its router learns nothing from it

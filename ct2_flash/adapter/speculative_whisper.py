@@ -239,6 +239,7 @@ class SpeculativeWhisper:
         options = route.options
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
         held = in_loop = route.loop and self._loop.acquire(blocking=route.wait)
+        continued = None  # a call generate() began and the loop finished: generate()'s seconds
         try:
             if in_loop:
                 in_loop = self._loop_ready()
@@ -246,7 +247,7 @@ class SpeculativeWhisper:
                 if in_loop:
                     results = self._speculative_rows(window, prompts, options, kwargs, route.previous)
                 else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                    results = self._generate_or_continue(window, prompts, route, kwargs)
+                    results, continued = self._generate_or_continue(window, prompts, route, kwargs)
         finally:
             if held:
                 self._loop.release()
@@ -257,9 +258,11 @@ class SpeculativeWhisper:
             self.stats.redecodes += int(route.previous is not None)
             if not in_loop:
                 self.stats.generate_rows += len(prompts)
-                self.stats.generate_seconds += watch.seconds
+                # A continuation's loop part is the loop's own time (its timers): booked once.
+                self.stats.generate_seconds += watch.seconds if continued is None else continued
                 self.stats.busy_calls += int(route.loop)
-            if not ran_to_limit(results, budgets):
+            # A continued call is part generate(), part loop: no measure of either for its router.
+            if continued is None and not ran_to_limit(results, budgets):
                 route.router.record(in_loop, len(prompts), watch.seconds, tokens)
         fingerprint = None if options.sampling or self.recent is None else window.fingerprint
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
@@ -286,8 +289,11 @@ class SpeculativeWhisper:
             log, hint = logger.info, ""
         log("ct2-flash: %s; using CTranslate2's own generate() for such calls%s", reason, hint)
 
-    def _generate_or_continue(self, window: EncodedWindow, prompts, route: Route, kwargs: Dict[str, Any]) -> list:
-        """``generate()``, stopped where a one-row greedy decode outgrows its audio
+    def _generate_or_continue(
+        self, window: EncodedWindow, prompts, route: Route, kwargs: Dict[str, Any]
+    ) -> Tuple[list, Optional[float]]:
+        """(the call's results, and where the loop finished it, the seconds ``generate()``
+        took before it, else None): ``generate()``, stopped where a one-row greedy decode outgrows its audio
         (``longest_plausible``) or, after a prompt that ends in a loop, early
         (``LOOPED_PROMPT_CAP``), and finished in the loop, which offers the tokens so far and
         then the decode's own repeats (``HypothesisDrafter``).
@@ -304,20 +310,23 @@ class SpeculativeWhisper:
         engine = route.engine or self.engines.engine_for(window.output, kwargs, len(prompts))
         capped = None if route.loop else self._continuation_cap(window, prompts, route.options)
         if capped is None:
-            return self.engines.generate(window.output, prompts, engine=engine, **kwargs)
+            return self.engines.generate(window.output, prompts, engine=engine, **kwargs), None
         cap, max_length = capped
-        results = self.engines.generate(window.output, prompts, engine=engine, **dict(kwargs, max_length=max_length))
+        with Stopwatch() as watch:
+            results = self.engines.generate(
+                window.output, prompts, engine=engine, **dict(kwargs, max_length=max_length)
+            )
         decoded = results[0].sequences_ids[0]
         if len(decoded) < cap:  # it ended: the whole call's result
-            return results
+            return results, None
         if not self._loop.acquire(blocking=False):
-            return self.engines.generate(window.output, prompts, engine=engine, **kwargs)
+            return self.engines.generate(window.output, prompts, engine=engine, **kwargs), None
         try:
             if not self._loop_ready():
-                return self.engines.generate(window.output, prompts, engine=engine, **kwargs)
+                return self.engines.generate(window.output, prompts, engine=engine, **kwargs), None
             with self._counting:
                 self.stats.continued_rows += 1
-            return self._speculative_rows(window, prompts, route.options, kwargs, tuple(decoded))
+            return self._speculative_rows(window, prompts, route.options, kwargs, tuple(decoded)), watch.seconds
         finally:
             self._loop.release()
 

@@ -25,7 +25,7 @@ the model in-process would (faster-whisper's ``num_workers``); answers come as t
 in another order than asked. ``generate()`` requests that can share a call run as one, up to
 ``max_batch_rows`` rows (``batching.py``: the scheduler; ``invariance.py``: the check of this
 CPU before the first batch); "rows_in_call" says how many rows the call decoded. Every answer
-carries "seconds", the time the request (or the call it shared) took here.
+carries "seconds", the time the request took here (of a call it shared, its share by rows).
 A request's "block" is mapped before anything else is done with it (an error answer included),
 so that the client can take the block's name out of /dev/shm once the answer comes; a block
 whose name is gone by then is answered {"error": "unknown block ..."}. Every request may carry
@@ -207,8 +207,11 @@ class _State:
                 self.run(*item)
             return
         seconds = time.perf_counter() - started
-        for request, part in zip(requests, batching.split(results, rows)):
-            self.answer(request, {**_generated(part), "seconds": seconds, "rows_in_call": sum(rows)})
+        for request, part, count in zip(requests, batching.split(results, rows), rows):
+            # Its share of the call's time, by rows: the requests' seconds add up to the call's.
+            self.answer(
+                request, {**_generated(part), "seconds": seconds * count / sum(rows), "rows_in_call": sum(rows)}
+            )
 
     def batch_invariant(self) -> bool:
         """Whether this CPU decodes a row the same inside a batch as alone
