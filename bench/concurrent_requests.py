@@ -4,6 +4,8 @@ for N = 1, 2, 4, 8. ct2-flash's default model against faster-whisper on tuned st
 preloaded), each in its own process, in the layouts a server's user sets: ``cpu_threads`` x
 ``num_workers`` of 2 x 1 and 1 x 2. At int8 ct2-flash's worker runs the requests' concurrent
 ``generate()`` calls as one where they share a prompt layout and options (``stock/batching.py``).
+Systems are named ``KIND WxT``: ``num_workers`` x ``cpu_threads`` (jobs x threads, as in
+``bench/collections.py``).
 
 Greedy or beam search at ``temperature=0``, the lower of ``--repeats`` interleaved runs; every
 request's segments compared with tuned stock's.
@@ -100,10 +102,10 @@ def main() -> None:
                         [sys.executable, os.path.abspath(__file__), "--child", job, out], env=env, check=True
                     )
                     with open(out, encoding="utf-8") as stream:
-                        runs.setdefault(f"{kind} {threads}x{workers}", []).append(json.load(stream))
+                        runs.setdefault(f"{kind} {workers}x{threads}", []).append(json.load(stream))
             best = {name: min(found, key=lambda run: run["seconds"]) for name, found in runs.items()}
-            reference = best["tuned 2x1"]["segments"]
-            tuned_best = min(best[f"tuned {t}x{w}"]["seconds"] for t, w in LAYOUTS)
+            reference = best["tuned 1x2"]["segments"]
+            tuned_best = min(best[f"tuned {w}x{t}"]["seconds"] for t, w in LAYOUTS)
             row = {"clients": clients}
             for name, run in best.items():
                 row[name] = {
@@ -111,7 +113,7 @@ def main() -> None:
                     "files_identical": sum(run["segments"].get(path) == reference[path] for path in files),
                     "requests_by_rows_in_call": run["requests_by_rows_in_call"],
                 }
-            row["flash best / tuned best"] = tuned_best / min(best[f"flash {t}x{w}"]["seconds"] for t, w in LAYOUTS)
+            row["flash best / tuned best"] = tuned_best / min(best[f"flash {w}x{t}"]["seconds"] for t, w in LAYOUTS)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     write_result(

@@ -3,14 +3,22 @@ prompt layout and options run as one call, and every caller gets exactly what it
 alone, tokens and scores bit for bit (vLLM's "needle" check of batch invariance); calls that
 cannot share a call never do; a batch that fails fails no caller's right answer."""
 
+import json
+import os
 import random
 import threading
 import time
+import wave
 
+import numpy as np
 import pytest
+from faster_whisper import decode_audio
 
+from ct2_flash import FlashWhisperModel, transcribe_files
 from ct2_flash.stock import batching, invariance
 from ct2_flash.stock.client import StockEngine
+
+from .conftest import segments_of
 
 SOT, PREV, NO_TIMESTAMPS = 50257, 50360, 50362
 OPTIONS = dict(return_scores=True, return_no_speech_prob=True, suppress_blank=True, suppress_tokens=[-1])
@@ -111,8 +119,6 @@ def windows(model_path, clips):
     from faster_whisper import WhisperModel
 
     extractor = WhisperModel(model_path, compute_type="int8", cpu_threads=1).feature_extractor
-    import numpy as np
-
     found = []
     for name in sorted(clips)[:14]:
         features = extractor(clips[name][: 30 * 16000])[:, :3000]
@@ -257,3 +263,97 @@ def test_a_cpu_found_not_batch_invariant_is_never_batched(model_path, windows, t
         assert set(engine.rows_in_calls) == {1}
     finally:
         engine.close()
+
+
+# --- whole files: a folder through the batching default -------------------------------------
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=1, vad_filter=True), dict(beam_size=5, word_timestamps=True)])
+def test_a_folder_at_int8_is_batched_and_every_file_is_faster_whispers_own(model_path, clips, tmp_path, options):
+    """Files of very different lengths (2-25 s and 94 s), one without speech, an empty one and
+    a corrupt one, 16 in flight through one int8 model that batches: each good file gives the
+    segments faster-whisper's sequential ``transcribe()`` on stock ctranslate2 gives it (the
+    same model unbatched, one file at a time: its worker is stock's engine), the bad ones fail
+    with their reasons, and the worker did batch."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    names = sorted(name for name in clips if name.startswith("clip"))[:8] + ["long_multi_voice.ogg"]
+    for name in names:
+        with wave.open(str(folder / f"{name[:-4]}.wav"), "wb") as stream:
+            stream.setnchannels(1)
+            stream.setsampwidth(2)
+            stream.setframerate(16000)
+            stream.writeframes((np.clip(clips[name], -1, 1) * 32767).astype(np.int16).tobytes())
+    with wave.open(str(folder / "silence.wav"), "wb") as stream:
+        stream.setnchannels(1)
+        stream.setsampwidth(2)
+        stream.setframerate(16000)
+        stream.writeframes(bytes(2 * 16000 * 5))
+    (folder / "empty.wav").write_bytes(b"")
+    (folder / "corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really")
+    flash = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=1, num_workers=2)
+    sequential = FlashWhisperModel(model_path, compute_type="int8", cpu_threads=2, batch_rows=1)
+    try:
+        results = {
+            os.path.basename(r.path): r
+            for r in transcribe_files([str(folder)], str(tmp_path / "out"), ("json",), model=flash, jobs=2, **options)
+        }
+        assert {name: r.status for name, r in results.items() if r.status != "done"} == {
+            "empty.wav": "failed",
+            "corrupt.wav": "failed",
+        }
+        assert all(r.error for r in results.values() if r.status == "failed")
+        for name in names + ["silence.wav"]:
+            path = str(folder / (name if name == "silence.wav" else f"{name[:-4]}.wav"))
+            want = segments_of(sequential, decode_audio(path), **options)
+            with open(results[os.path.basename(path)].outputs[0], encoding="utf-8") as stream:
+                written = json.load(stream)["segments"]
+            assert [(s["text"], s["start"], s["end"]) for s in written] == [(t, a, b) for _, a, b, t in want], name
+            assert [tuple(s["tokens"]) for s in written] == [tokens for tokens, *_ in want], name
+        stock = flash.model.engines.stock
+        assert max(stock.rows_in_calls) > 1, f"no batch formed: {stock.rows_in_calls}"
+        assert stock.max_batch_rows == 16 and stock.restarts == 0
+    finally:
+        flash.model.engines.close()
+        sequential.model.engines.close()
+
+
+def test_a_caller_that_gives_up_mid_batch_changes_no_other_callers_answer(engine, windows, monkeypatch):
+    """One caller stops waiting (Ctrl-C) once its call is in the worker's queue: the batch runs
+    anyway, every other caller gets its own answer, and the engine serves the next call."""
+    from ct2_flash.stock import client
+
+    encodings = [engine.encode(features) for features in windows[:5]]
+    options = dict(OPTIONS, beam_size=1)
+    calls = [(encoding, [SOT], options) for encoding in encodings]
+    alone = [_outcome(engine.generate(encoding, [prompt], options)[0]) for encoding, prompt, options in calls]
+    waiting = client._Channel.wait
+
+    def wait(call, timeout):
+        if threading.current_thread().name == "quitter":
+            raise KeyboardInterrupt
+        return waiting(call, timeout)
+
+    monkeypatch.setattr(client._Channel, "wait", staticmethod(wait))
+    outcomes = [None] * len(calls)
+
+    def one(index):
+        encoding, prompt, options = calls[index]
+        try:
+            outcomes[index] = _outcome(engine.generate(encoding, [prompt], options)[0])
+        except KeyboardInterrupt:
+            outcomes[index] = "gave up"
+
+    slow = threading.Thread(target=lambda: engine.generate(encodings[0], [[SOT]], dict(OPTIONS, beam_size=5)))
+    slow.start()
+    time.sleep(0.02)
+    threads = [threading.Thread(target=one, args=(i,), name="quitter" if i == 2 else f"caller {i}") for i in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads + [slow]:
+        thread.join()
+    assert outcomes[2] == "gave up"
+    assert [outcome for index, outcome in enumerate(outcomes) if index != 2] == alone[:2] + alone[3:]
+    monkeypatch.undo()
+    assert _outcome(engine.generate(encodings[0], [[SOT]], options)[0]) == alone[0]
+    assert engine.restarts == 0

@@ -11,7 +11,7 @@ over many draws. Each checkout is measured in a child process with it first on `
 (older ones too: a worktree of another commit), to compare code before and after a change on
 the same machine:
 
-    git worktree add /tmp/before d227a72^
+    git worktree add /tmp/before BEFORE   # BEFORE: the commit to compare against
     python bench/studies/sampling_speed.py --checkouts /tmp/before . --out bench/results/sampling_speed/sampling.json
 """
 

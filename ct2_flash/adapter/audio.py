@@ -152,7 +152,7 @@ def young_collections() -> Iterator[None]:
     faster-whisper's ``decode_audio`` ends with ``gc.collect()``: PyAV's resampler leaves
     reference cycles that hold native buffers. A full collection walks every object the
     process tracks, and once faster-whisper is imported that takes longer than decoding a
-    short clip (docs/measurements.md, "Reading audio files"). The cycles it is there for are made during
+    short clip (docs/history.md, "Reading audio files"). The cycles it is there for are made during
     the call, so the objects that exist before it are frozen (``gc.freeze``) for its length
     and returned to the oldest generation after (``gc.unfreeze``): the collection still frees
     the resampler's cycles, and older garbage waits for the next automatic collection. Where

@@ -7,5 +7,10 @@ process imports stock ``ctranslate2`` from a private directory (``location``; in
 ``scripts/install.sh``, no second virtual environment), loads its own copy of the model and
 serves encode, ``generate()``, ``detect_language`` and ``align`` (``worker``), answering over
 pipes, with feature and encoder arrays in shared memory (``protocol``). Encoder outputs stay in
-the worker; the loop's side copies one only when a call speculates (``client``).
+the worker; the loop's side copies one only when a call speculates (``client``). Concurrent
+``generate()`` calls that can share one run as one call (``batching``: the scheduler), where
+the CPU decodes a row the same in a batch as alone (``invariance``: its check).
+
+Modules: ``allocator``, ``batching``, ``client``, ``invariance``, ``location``, ``protocol``,
+``worker``.
 """
