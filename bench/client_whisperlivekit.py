@@ -168,13 +168,13 @@ def main() -> None:
         sys.exit(f"needs {CLIENT}: pip install --no-deps {CLIENT} && pip install soundfile tiktoken numba")
     from importlib.metadata import version
 
+    from faster_whisper import decode_audio
+
     from ct2_flash import resolve_model
     from ct2_flash.benchmark.runner import machine
     from ct2_flash.benchmark.stock import stock_environment
     from ct2_flash.stock.allocator import tuned_allocator
     from ct2_flash.stock.location import environment_with
-
-    from faster_whisper import decode_audio
 
     path = resolve_model(args.model)
     audio_seconds = decode_audio(args.audio).size / RATE

@@ -40,8 +40,6 @@ import sys
 import tempfile
 from typing import Callable, Dict, List
 
-from ct2_flash.benchmark.scripts import machine, save_figure, timed, write_result
-
 from ct2_flash.adapter.audio import SAMPLE_AUDIO
 from ct2_flash.benchmark.clients import (
     BIN,
@@ -55,6 +53,7 @@ from ct2_flash.benchmark.clients import (
     wyoming_transcript,
 )
 from ct2_flash.benchmark.manifest import read_manifest
+from ct2_flash.benchmark.scripts import machine, save_figure, timed, write_result
 from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.engine.models import resolve_model
 from ct2_flash.stock.allocator import loaded_allocator, tuned_allocator

@@ -137,8 +137,8 @@ def _peak_kb(pid: int):
 
 
 def main() -> None:
-    from ct2_flash.benchmark.scripts import machine, save_figure, write_result
     from ct2_flash.benchmark.manifest import read_manifest
+    from ct2_flash.benchmark.scripts import machine, save_figure, write_result
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.benchmark.stock import stock_environment
     from ct2_flash.engine.models import resolve_model

@@ -54,8 +54,8 @@ def main() -> None:
     from tqdm import tqdm
 
     from ct2_flash import FlashWhisperModel, resolve_model
-    from ct2_flash.validation.fuzzing import random_case, run_case
     from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
+    from ct2_flash.validation.fuzzing import random_case, run_case
 
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
     audio = {os.path.basename(p): decode_audio(p) for p in sorted(glob.glob(os.path.join(data, "*.ogg")))}

@@ -39,17 +39,17 @@ import os
 import traceback
 from typing import Callable, Dict, List
 
-import numpy as np
-from ct2_flash.benchmark.scripts import median_ms, write_result
-from redecodes import buffer_ends, pieces
-
 import ctranslate2
-from ct2_flash import BatchedInferencePipeline, FlashWhisperModel, resolve_model
-from ct2_flash.benchmark.measure import measure
-from ct2_flash.drafting.files import SHIPPED_DRAFTERS
-from ct2_flash.adapter.routing import CallRouter
+import numpy as np
 from faster_whisper import BatchedInferencePipeline as FasterBatched
 from faster_whisper import WhisperModel
+from redecodes import buffer_ends, pieces
+
+from ct2_flash import BatchedInferencePipeline, FlashWhisperModel, resolve_model
+from ct2_flash.adapter.routing import CallRouter
+from ct2_flash.benchmark.measure import measure
+from ct2_flash.benchmark.scripts import median_ms, write_result
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
 SAMPLE_RATE = 16000
 # Greedy with timestamps, no sampled fallback (its draws would differ between any two runs).
@@ -375,17 +375,17 @@ def main() -> None:
     }
     if "loop" in args.parts:
         for compute_type in args.compute_types:
-            guarded(document["results"], compute_type, lambda: check(args, compute_type, clips))
+            guarded(document["results"], compute_type, lambda kind=compute_type: check(args, kind, clips))
             write_result(args.out, document)  # what is measured so far survives a later failure
     if "redecodes" in args.parts:
         document["redecodes"] = {}
         for compute_type in args.compute_types:
-            guarded(document["redecodes"], compute_type, lambda: redecode_check(args, compute_type, clips))
+            guarded(document["redecodes"], compute_type, lambda kind=compute_type: redecode_check(args, kind, clips))
             write_result(args.out, document)
     if "dropin" in args.parts:
         document["dropin"] = {}
         for compute_type in args.dropin_compute_types:
-            guarded(document["dropin"], compute_type, lambda: dropin_check(args, compute_type, clips))
+            guarded(document["dropin"], compute_type, lambda kind=compute_type: dropin_check(args, kind, clips))
             write_result(args.out, document)
     write_result(args.out, document, echo=())
 

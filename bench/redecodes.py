@@ -33,7 +33,6 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ct2_flash.benchmark.scripts import TEST_CLIPS, save_figure, write_result
-
 from ct2_flash.benchmark.stock import STOCK_SYSTEMS
 from ct2_flash.loop.stats import OFFERED_ENDS
 

@@ -66,11 +66,11 @@ def main() -> None:
             stock = StockWorker(python, path, args.compute_type, args.cpu_threads, directory, num_workers=workers)
         # Threads share each model exactly as in the stock baseline's process: one function for both.
         systems = {
-            name: (lambda part=None, model=model: shared(model, part or clips, workers, OPTIONS))
+            name: (lambda part=None, model=model, workers=workers: shared(model, part or clips, workers, OPTIONS))
             for name, model in models.items()
         }
         if stock is not None:
-            systems["faster-whisper, stock"] = lambda part=None: stock.shared(
+            systems["faster-whisper, stock"] = lambda part=None, stock=stock, workers=workers: stock.shared(
                 {str(index): audio for index, audio in enumerate(part or clips)}, workers, **OPTIONS
             )
         try:

@@ -9,18 +9,18 @@ from ct2_flash.engine.runtime_check import RuntimeInstallError, require_patched_
 require_patched_runtime()
 
 from ct2_flash.adapter.audio import AudioError  # noqa: E402
-from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal  # noqa: E402
-from ct2_flash.loop.options import DecodingOptions  # noqa: E402
-from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter  # noqa: E402
-from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError  # noqa: E402
-from ct2_flash.engine.models import UnknownModelError, available_models, resolve_model  # noqa: E402
-from ct2_flash.loop.decoding import Adaptive, SpeculativeDecoder  # noqa: E402
-from ct2_flash.loop.stats import SpecStats  # noqa: E402
 from ct2_flash.adapter.whisper_model import BatchedInferencePipeline, FlashWhisperModel  # noqa: E402
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal  # noqa: E402
+from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError  # noqa: E402
 from ct2_flash.drafting.kinds import load_drafter  # noqa: E402
+from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from ct2_flash.dropin.swap import install, uninstall  # noqa: E402
+from ct2_flash.engine.models import UnknownModelError, available_models, resolve_model  # noqa: E402
 from ct2_flash.jobs.collection import CollectionError, FileResult, transcribe_files  # noqa: E402
 from ct2_flash.jobs.streaming import OnlineProcessor, StreamOptions  # noqa: E402
+from ct2_flash.loop.decoding import Adaptive, SpeculativeDecoder  # noqa: E402
+from ct2_flash.loop.options import DecodingOptions  # noqa: E402
+from ct2_flash.loop.stats import SpecStats  # noqa: E402
 
 # What users need: the model and its pipeline, the loop and its counters, drafters (the
 # interface, the built-in one, the loader), models, the drop-in under programs that build

@@ -8,7 +8,7 @@ import pytest
 from ct2_flash.loop.acceptance import GreedyAcceptance, greedy_accept, sample_accept
 from ct2_flash.loop.drafts import Draft
 from ct2_flash.loop.guard import Guard
-from ct2_flash.loop.logit_rules import draw, LogitRules, SpecialTokens
+from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens, draw
 
 EOT = 50256
 
@@ -100,7 +100,11 @@ def sample_prefix(drafter, length: int, k: int, rng: np.random.Generator) -> tup
                 drafts.append(draw(q, rng.random()))
                 rows.append(q)
         outcome = sample_accept(
-            drafts, lambda j: target(out + drafts[:j]), lambda j: rows[j], lambda j: tuple(rng.random(2)), SAMPLING_EOT
+            drafts,
+            lambda j, out=out, drafts=drafts: target(out + drafts[:j]),
+            lambda j, rows=rows: rows[j],
+            lambda j: tuple(rng.random(2)),
+            SAMPLING_EOT,
         )
         out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])
     return tuple(out[:length])
@@ -164,9 +168,9 @@ def test_with_drafts_proposed_outright_the_output_is_plain_sampling_with_the_sam
             start = len(out)
             outcome = sample_accept(
                 drafts,
-                lambda j: target(out + drafts[:j]),
+                lambda j, out=out, drafts=drafts: target(out + drafts[:j]),
                 lambda j: None,
-                lambda j: tuple(fixed[start + j]),
+                lambda j, fixed=fixed, start=start: tuple(fixed[start + j]),
                 SAMPLING_EOT,
             )
             out += drafts[: outcome.accepted] + ([outcome.next_token] if outcome.next_token is not None else [])

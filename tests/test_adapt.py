@@ -10,6 +10,7 @@ import pytest
 
 from ct2_flash.drafting.files import DrafterMismatchError
 from ct2_flash.train import user_audio
+
 from .conftest import DATA, LONG_PATH, segments_of
 
 torch = pytest.importorskip("torch")
@@ -115,7 +116,8 @@ def test_adapt_writes_a_drafter_that_loads_decodes_exactly_and_resumes_its_sched
     """A few updates on two clips, one held out: the report, the exported drafter, the checks
     at load, the float32 loop's identity with it, and a killed run resumed."""
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.train import adapt as adapt_module, fit as fit_module
+    from ct2_flash.train import adapt as adapt_module
+    from ct2_flash.train import fit as fit_module
 
     out = str(tmp_path / "drafter")
     options = AdaptOptions(steps=12, threads=2)

@@ -9,8 +9,8 @@ import pytest
 from faster_whisper import WhisperModel
 
 from ct2_flash import FlashWhisperModel, available_models, resolve_model
-from ct2_flash.validation.fuzzing import NOT_SPECULATIVE, random_case, run_case
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
+from ct2_flash.validation.fuzzing import NOT_SPECULATIVE, random_case, run_case
 
 from .conftest import THREADS
 

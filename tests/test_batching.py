@@ -170,35 +170,49 @@ def _varied(layout, rng):
     return [PREV] + [rng.randrange(300, 9000) for _ in layout[1:-1]] + [SOT]
 
 
-def test_a_needle_decodes_the_same_alone_and_inside_random_batches(engine, windows):
-    """Beam 1 and 5, timestamps on and off, previous text (condition_on_previous_text) and a
-    hotword-like prefix, a length limit some rows hit: the needle and every partner get the
-    tokens, scores and no-speech probability of their call alone."""
+LAYOUTS = (
+    [SOT],
+    [SOT, NO_TIMESTAMPS],
+    [PREV, 440, 1110, 2068, 13, SOT],  # previous text (condition_on_previous_text), or a hotword prefix
+)
+
+
+def _needle_trials(engine, windows, trials, sizes, seed) -> None:
+    """Each trial: a batch of random windows and size, one layout and options; every row's
+    tokens, scores and no-speech probability inside the batch must be its call's alone."""
     encodings = [engine.encode(features) for features in windows]
-    rng = random.Random(0)
-    layouts = (
-        [SOT],
-        [SOT, NO_TIMESTAMPS],
-        [PREV, 440, 1110, 2068, 13, SOT],  # previous text
-    )
+    rng = random.Random(seed)
     batched = 0
-    for trial, (beam, layout, max_length) in enumerate(
-        [(1, layouts[0], 448), (5, layouts[0], 448), (1, layouts[1], 448), (5, layouts[2], 448), (1, layouts[2], 10)]
-    ):
+    for trial, (beam, layout, max_length) in enumerate(trials):
         options = dict(OPTIONS, beam_size=beam, max_length=max_length)
-        size = rng.choice([3, 8, 13])
-        chosen = rng.sample(range(len(encodings)), size)
+        chosen = rng.sample(range(len(encodings)), min(rng.choice(sizes), len(encodings)))
         # Partners' previous text differs in content, not in length (one layout).
-        prompts = [_varied(layout, rng) for _ in chosen]
-        calls = [(encodings[index], prompt, options) for index, prompt in zip(chosen, prompts)]
+        calls = [(encodings[index], _varied(layout, rng), options) for index in chosen]
         alone = [_outcome(engine.generate(encoding, [prompt], options)[0]) for encoding, prompt, options in calls]
-        before = dict(engine.rows_in_calls)
+        before = sum(count for rows, count in engine.rows_in_calls.items() if rows > 1)
         together = _together(engine, encodings[(trial + 1) % len(encodings)], calls)
         assert together == alone, f"trial {trial}: a row decoded differently inside a batch"
-        batched += sum(count for rows, count in engine.rows_in_calls.items() if rows > 1) > sum(
-            count for rows, count in before.items() if rows > 1
-        )
-    assert batched >= 3, f"the worker hardly batched ({engine.rows_in_calls}): the test did not test batching"
+        batched += sum(count for rows, count in engine.rows_in_calls.items() if rows > 1) > before
+    assert batched >= len(trials) // 2, f"the worker hardly batched ({engine.rows_in_calls}): batching went untested"
+
+
+def test_a_needle_decodes_the_same_alone_and_inside_random_batches(engine, windows):
+    """Beam 1 and 5, timestamps on and off, previous text, a length limit some rows hit."""
+    trials = [
+        (1, LAYOUTS[0], 448),
+        (5, LAYOUTS[0], 448),
+        (1, LAYOUTS[1], 448),
+        (5, LAYOUTS[2], 448),
+        (1, LAYOUTS[2], 10),
+    ]
+    _needle_trials(engine, windows, trials, sizes=[3, 8, 13], seed=0)
+
+
+@pytest.mark.slow
+def test_the_needle_sweep(engine, windows):
+    """The sweep: every layout at beam 1 and 5, limits of 10 and 448 tokens, sizes 1-14."""
+    trials = [(beam, layout, limit) for beam in (1, 5) for layout in LAYOUTS for limit in (10, 448)]
+    _needle_trials(engine, windows, trials, sizes=[1, 2, 4, 8, 14], seed=1)
 
 
 def test_calls_with_other_options_are_never_batched_together(engine, windows):

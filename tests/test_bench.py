@@ -329,9 +329,9 @@ def test_drafter_options_build_the_variant_they_name(model_path):
     """Each variant of a drafter is one system of the runner: options reach its constructor,
     and an option it does not take is refused by name, before anything runs."""
     from ct2_flash.benchmark.drafters import build_drafter
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
     from ct2_flash.drafting.flash_drafter import FlashDrafter
     from ct2_flash.drafting.onnx_drafter import OnnxDrafter
-    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     assert build_drafter(None, {}, "tiny.en", model_path) is None  # the model resolves it itself
     exported = build_drafter(None, {"precision": "float32", "min_confidence": 0}, "tiny.en", model_path)

@@ -140,7 +140,7 @@ def test_faster_whisper_server_answers_the_same_json_under_concurrent_requests(t
             requests = CLIPS * 2  # each clip twice, all at once
             results: dict = {}
 
-            def ask(index: int) -> None:
+            def ask(index: int, results=results, port=port, requests=requests) -> None:
                 results[index] = post_transcription(port, requests[index])
 
             threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(requests))]

@@ -9,10 +9,10 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pytest
 
-from ct2_flash.loop.decoding import SpeculativeDecoder
 from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
-from ct2_flash.loop.options import DecodingOptions
+from ct2_flash.loop.decoding import SpeculativeDecoder
 from ct2_flash.loop.logit_rules import SpecialTokens
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import PrefillResult
 
@@ -182,7 +182,7 @@ def test_cache_always_one_behind_the_text():
     drafter = ScriptDrafter(wrong_at=[1, 5, 6])
     result, sequence, _ = run(drafter, k=3)
     assert result.tokens == SCRIPT[:-1]
-    for (cache_length, fed), (generated_length, _) in zip(sequence.verify_log, drafter.requests):
+    for (cache_length, _fed), (generated_length, _) in zip(sequence.verify_log, drafter.requests):
         assert cache_length == len(PROMPT) + generated_length - 1
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from ct2_flash import FlashWhisperModel, available_models, resolve_model
 from ct2_flash.adapter import speculative_whisper
-from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.drafting.files import CheckpointError
+from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
 from ct2_flash.stock.client import StockEngine
 

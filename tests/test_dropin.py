@@ -16,9 +16,9 @@ import pytest
 
 import ct2_flash
 from ct2_flash.dropin import swap as dropin
+from ct2_flash.dropin.run import ProgramError, find_program
 from ct2_flash.dropin.swap import DropInWhisperModel, resolve_like_faster_whisper
 from ct2_flash.engine.models import UnknownModelError
-from ct2_flash.dropin.run import ProgramError, find_program
 
 from .conftest import CLIP_PATHS, THREADS, segments_of
 

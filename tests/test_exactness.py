@@ -27,11 +27,11 @@ import os
 import pytest
 
 from ct2_flash import FlashWhisperModel, load_drafter
-from ct2_flash.loop.options import DecodingOptions
-from ct2_flash.validation.exactness import compare_window
 from ct2_flash.adapter.routing import CallRouter
-from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+from ct2_flash.loop.options import DecodingOptions
+from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
+from ct2_flash.validation.exactness import compare_window
 
 from .conftest import CLIP_PATHS, THREADS, segments_of
 
@@ -136,7 +136,7 @@ INT8_IDENTICAL_AT_LEAST = 45
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["oracle", "random", "default"])
 def test_int8_windows_are_identical_where_documented(model_path, clips, kind):
-    from .conftest import ModelPair, _PAIRS
+    from .conftest import _PAIRS, ModelPair
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
     _PAIRS["int8"] = pair
@@ -179,7 +179,7 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
     (``bench/studies/int8_differences.py``), so by default no call runs the loop there, even with
     every round asked to draft: the segments, timestamps and word times are faster-whisper's
     on every clip, and one warning says why and what to do."""
-    from .conftest import ModelPair, _PAIRS
+    from .conftest import _PAIRS, ModelPair
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
     _PAIRS["int8"] = pair

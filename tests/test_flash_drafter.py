@@ -8,7 +8,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
 from ct2_flash.drafting.flash_drafter import (  # noqa: E402
     CheckpointError,
     DrafterMismatchError,
@@ -20,6 +19,7 @@ from ct2_flash.drafting.flash_drafter import (  # noqa: E402
     target_identity,
 )
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel, TargetIdentity, block_attention_mask  # noqa: E402
+from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
 
 from .conftest import segments_of  # noqa: E402
 
@@ -89,9 +89,9 @@ def test_packed_windowed_blocks_equal_rounds_that_read_the_window(tiny_model):
     """Training's cross-attention mask reads what a round reads after ``observe_position``
     (the slice ``audio_window_span`` gives), with and without the attention weights the
     AnchorDraft loss needs."""
+    from ct2_flash.drafting.audio_window import audio_window_span
     from ct2_flash.drafting.base import DraftWindow
     from ct2_flash.loop.options import DecodingOptions
-    from ct2_flash.drafting.audio_window import audio_window_span
 
     model, k = tiny_model, tiny_model.config.num_draft_tokens
     torch.manual_seed(2)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
-from ct2_flash.validation.fuzzing import NOT_SPECULATIVE, random_case, run_case
 from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
+from ct2_flash.validation.fuzzing import NOT_SPECULATIVE, random_case, run_case
 
 from .conftest import THREADS
 

@@ -4,7 +4,6 @@ function-local imports included, and no module reaches for another layer's priva
 import ast
 import os
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bottom to top, by folder. A module may import from its own layer or any layer below it.
 LAYERS = [
@@ -71,7 +70,7 @@ def test_imports_point_down_the_layers():
 def test_every_module_is_listed_in_the_layout_doc():
     layout = open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8").read()
     missing = []
-    for path, module in package_files():
+    for path, _module in package_files():
         relative = os.path.relpath(path, ROOT).replace(os.sep, "/")
         folder = os.path.dirname(relative) + "/"
         if os.path.basename(relative) == "__init__.py":

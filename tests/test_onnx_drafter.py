@@ -1,8 +1,8 @@
 """The exported draft round: converter round trip, ONNX Runtime against PyTorch, bad files."""
 
 import dataclasses
-import logging
 import json
+import logging
 import os
 import shutil
 
@@ -14,11 +14,11 @@ onnx = pytest.importorskip("onnx")
 
 from ct2_flash.converters import convert_drafter  # noqa: E402
 from ct2_flash.converters.drafter import FLOAT32_TOLERANCE, validation_windows, verify  # noqa: E402
-from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
-from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError, SHIPPED_DRAFTERS, target_identity  # noqa: E402
+from ct2_flash.drafting.files import SHIPPED_DRAFTERS, CheckpointError, DrafterMismatchError, target_identity  # noqa: E402
 from ct2_flash.drafting.flash_drafter import load_checkpoint, save_checkpoint  # noqa: E402
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel  # noqa: E402
 from ct2_flash.drafting.onnx_drafter import EXPORT_FILE, OnnxDrafter, file_digest  # noqa: E402
+from ct2_flash.engine.model_files import CT2ModelFile  # noqa: E402
 
 from .conftest import CLIP_PATHS, LONG_PATH, segments_of  # noqa: E402
 
@@ -35,7 +35,7 @@ def random_checkpoint(model_path, tmp_path_factory):
     model = FlashDrafterModel(config)
     model.init_from_target(CT2ModelFile(model_path))
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05 * parameter.std().clamp(min=0.1))
         model.shortlist.copy_(torch.sort(torch.randperm(50256)[:512]).values)
     directory = str(tmp_path_factory.mktemp("random_checkpoint"))

@@ -9,7 +9,6 @@ segments must equal plain faster-whisper's on the same engine, whatever the opti
 import time
 
 import numpy as np
-
 import pytest
 
 from .conftest import segments_of

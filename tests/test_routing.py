@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.loop.draft_lengths import DraftLengths
+from ct2_flash import FlashWhisperModel
 from ct2_flash.adapter.routing import (
     FIRST_PROBE_INTERVAL,
     FIRST_PROBE_SECONDS,
@@ -13,8 +13,7 @@ from ct2_flash.adapter.routing import (
     CallRouter,
     RedecodeRouters,
 )
-
-from ct2_flash import FlashWhisperModel
+from ct2_flash.loop.draft_lengths import DraftLengths
 
 from .conftest import THREADS, segments_of
 

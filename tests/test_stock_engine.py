@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
+from ct2_flash.adapter.routing import EngineRouter
 from ct2_flash.stock import client, protocol
 from ct2_flash.stock.allocator import find_tcmalloc, loaded_allocator
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, worker_allocator
-from ct2_flash.adapter.routing import EngineRouter
 from ct2_flash.stock.location import STOCK_CTRANSLATE2, installed
 
 from .conftest import THREADS, segments_of
@@ -209,7 +209,7 @@ def test_the_default_engine_router_keeps_greedy_calls_in_the_worker():
 
 def test_int8_through_the_worker_is_faster_whispers_output(model_path, clips):
     """At int8 every call goes outside the loop, so here the worker serves the whole path."""
-    from .conftest import ModelPair, _PAIRS
+    from .conftest import _PAIRS, ModelPair
 
     pair = _PAIRS.setdefault("int8", None) or ModelPair(model_path, "int8")
     _PAIRS["int8"] = pair

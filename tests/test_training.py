@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from ct2_flash.drafting.flash_drafter import load_checkpoint  # noqa: E402
 from ct2_flash.train.extract import extract  # noqa: E402
-from ct2_flash.train.fit import FitConfig, fit, make_batch, load_examples, position_weights, snapshot  # noqa: E402
+from ct2_flash.train.fit import FitConfig, fit, load_examples, make_batch, position_weights, snapshot  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +158,8 @@ def test_batches_read_the_audio_frames_and_the_padding_the_runtime_sees(teacher_
 def test_distillation_on_a_one_hot_teacher_is_the_cross_entropy(teacher_dir, model_path):
     import torch
 
-    from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel
     from ct2_flash.drafting.flash_drafter import target_identity
+    from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel
     from ct2_flash.train.fit import IGNORE, loss_of
 
     (example,) = load_examples(teacher_dir, "train")

@@ -21,9 +21,7 @@ import os
 import statistics
 
 # Sibling scripts (python puts this directory first on the path when a script runs).
-
 from ct2_flash.benchmark.scripts import machine, median_ms, time_calls, write_result
-
 from ct2_flash.loop.draft_lengths import DraftLengths
 
 
@@ -48,7 +46,7 @@ def proposal_alone_ms(flash, drafter, audio, repeats: int = 200) -> dict:
     # window: 225 frames here), not all 1,500.
     drafter.observe_position(150)
     return {
-        rows: median_ms(lambda: drafter.propose(tokens, rows), repeats, warmup=10)
+        rows: median_ms(lambda rows=rows: drafter.propose(tokens, rows), repeats, warmup=10)
         for rows in range(1, drafter.num_draft_tokens + 1)
     }
 

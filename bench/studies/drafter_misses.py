@@ -100,9 +100,9 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
     from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint
     from ct2_flash.drafting.onnx_drafter import ExportManifest, OnnxDrafter
-    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     model_path = resolve_model("tiny.en")
     directory = args.drafter or os.path.join(SHIPPED_DRAFTERS, "tiny.en")

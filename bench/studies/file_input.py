@@ -69,10 +69,10 @@ def main() -> None:
     for audio in args.audio:
         calls = interleaved(
             {  # so load drift hits both alike
-                "read_faster_whisper": lambda: timed(lambda: decode_audio(audio, sampling_rate=16000))[0],
-                "read_ct2_flash": lambda: timed(lambda: checked_audio(audio, 16000))[0],
-                "faster_whisper": lambda: measure(baseline, audio, **transcribe),
-                "ct2_flash": lambda: measure(flash, audio, **transcribe),
+                "read_faster_whisper": lambda audio=audio: timed(lambda: decode_audio(audio, sampling_rate=16000))[0],
+                "read_ct2_flash": lambda audio=audio: timed(lambda: checked_audio(audio, 16000))[0],
+                "faster_whisper": lambda audio=audio: measure(baseline, audio, **transcribe),
+                "ct2_flash": lambda audio=audio: measure(flash, audio, **transcribe),
             },
             args.repeats,
             warmup=0,

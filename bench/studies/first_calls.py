@@ -34,12 +34,12 @@ def main() -> None:
     from faster_whisper import WhisperModel, decode_audio
 
     from ct2_flash import FlashWhisperModel
+    from ct2_flash.adapter.routing import CallRouter
     from ct2_flash.benchmark.analysis import paired_bootstrap
     from ct2_flash.benchmark.manifest import read_manifest
-    from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.benchmark.measure import measure
+    from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.engine.models import resolve_model
-    from ct2_flash.adapter.routing import CallRouter
 
     class LoopFirst(CallRouter):
         """The previous start: the loop's first measurement on the first call."""

@@ -18,14 +18,14 @@ import argparse
 import glob
 import os
 
-from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 from faster_whisper import decode_audio
 
 from ct2_flash import FlashWhisperModel, resolve_model
+from ct2_flash.adapter.routing import CallRouter, EngineRouter
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
+from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 from ct2_flash.benchmark.speech_sets import fetch
-from ct2_flash.adapter.routing import EngineRouter, CallRouter
 
 
 class NeverSpeculate(CallRouter):

@@ -101,8 +101,8 @@ def main() -> None:
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
     from ct2_flash.loop.options import DecodingOptions
-    from ct2_flash.validation.exactness import compare_window
     from ct2_flash.validation.drafters import OracleDrafter
+    from ct2_flash.validation.exactness import compare_window
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speech-set", nargs="+", default=["mfa", "pocketsphinx"])

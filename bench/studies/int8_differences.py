@@ -28,11 +28,10 @@ from collections import Counter
 
 import numpy as np
 
-from ct2_flash.benchmark.scripts import machine, record_verifications, write_result
-
 from ct2_flash import FlashWhisperModel, load_drafter, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
+from ct2_flash.benchmark.scripts import machine, record_verifications, write_result
 from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.target import PromptLayout

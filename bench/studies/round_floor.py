@@ -43,11 +43,11 @@ def _random_drafter(model_path: str, directory: str, layers: int, shortlist: int
     import torch
 
     from ct2_flash.converters.drafter import _FILES, OPSET, export_graphs
-    from ct2_flash.engine.model_files import CT2ModelFile
     from ct2_flash.drafting.files import DrafterConfig, target_identity
     from ct2_flash.drafting.flash_drafter import save_checkpoint
     from ct2_flash.drafting.flash_model import FlashDrafterModel
     from ct2_flash.drafting.onnx_drafter import ExportManifest
+    from ct2_flash.engine.model_files import CT2ModelFile
 
     config = DrafterConfig(
         target=target_identity(model_path, "tiny.en"), num_layers=layers, shortlist_size=shortlist, causal_blocks=causal
@@ -93,11 +93,11 @@ def main() -> None:
 
     from ct2_flash import FlashWhisperModel
     from ct2_flash.drafting.audio_window import AUDIO_WINDOW
-    from ct2_flash.loop.options import DecodingOptions
     from ct2_flash.drafting.base import DraftWindow
-    from ct2_flash.engine.models import resolve_model
-    from ct2_flash.drafting.onnx_drafter import OnnxDrafter
     from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+    from ct2_flash.drafting.onnx_drafter import OnnxDrafter
+    from ct2_flash.engine.models import resolve_model
+    from ct2_flash.loop.options import DecodingOptions
 
     model_path = resolve_model("tiny.en")
     # One model on 2 threads for the loop too (no one-thread decoder copy): the verification

@@ -28,9 +28,9 @@ import time
 
 def measure(args: argparse.Namespace) -> dict:
     """Runs in the child: only the checkout's own ct2_flash and faster-whisper are imported."""
-    import ct2_flash
     from faster_whisper import WhisperModel, decode_audio
 
+    import ct2_flash
     from ct2_flash import FlashWhisperModel
 
     manifest = os.path.expanduser(f"~/.cache/ct2_flash/speech/{args.speech_set}/manifest.tsv")

@@ -35,8 +35,8 @@ def measure() -> dict:
     from faster_whisper import decode_audio
 
     from ct2_flash import FlashWhisperModel
-    from ct2_flash.loop.options import DecodingOptions
     from ct2_flash.loop import row_scores
+    from ct2_flash.loop.options import DecodingOptions
 
     flash = FlashWhisperModel("tiny.en", compute_type="float32", cpu_threads=2, stock_engine=False)
     decoder, reference = flash.decoder, flash.reference_model

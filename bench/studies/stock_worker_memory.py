@@ -19,9 +19,8 @@ import numpy as np
 from faster_whisper import decode_audio
 from faster_whisper.feature_extractor import FeatureExtractor
 
-from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
-
 from ct2_flash import resolve_model
+from ct2_flash.benchmark.scripts import TEST_CLIPS, write_result
 from ct2_flash.engine.models import available_models
 from ct2_flash.loop.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine

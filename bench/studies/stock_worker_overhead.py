@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 
-from ct2_flash.benchmark.scripts import write_result
-
 from ct2_flash import FlashWhisperModel, resolve_model
 from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
+from ct2_flash.benchmark.scripts import write_result
 from ct2_flash.benchmark.speech_sets import fetch
 from ct2_flash.stock.client import StockEngine
 

@@ -26,6 +26,7 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
     from ct2_flash.drafting.flash_drafter import load_checkpoint
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.train.fit import (
@@ -37,7 +38,6 @@ def main() -> None:
         sample_batch,
         train_step,
     )
-    from ct2_flash.drafting.files import SHIPPED_DRAFTERS
 
     torch.set_num_threads(args.threads)
     examples = load_examples(args.work, "train")
@@ -63,7 +63,7 @@ def main() -> None:
         for step in range(3):
             train_step(model, optimizer, batches[step], full_to_short, config, step)
         seconds, losses = timed(
-            lambda: [
+            lambda model=model, optimizer=optimizer, batches=batches, full_to_short=full_to_short, config=config: [
                 train_step(model, optimizer, batches[step], full_to_short, config, step)
                 for step in range(3, args.updates + 3)
             ]

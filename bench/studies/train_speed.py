@@ -23,9 +23,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from ct2_flash.engine.model_files import CT2ModelFile
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
     from ct2_flash.drafting.flash_drafter import target_identity
     from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel
+    from ct2_flash.engine.model_files import CT2ModelFile
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.train.__main__ import default_data_dir
     from ct2_flash.train.fit import (
@@ -39,7 +40,6 @@ def main() -> None:
         shortlist_from,
         train_step,
     )
-    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=default_data_dir())

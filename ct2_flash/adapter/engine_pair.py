@@ -23,10 +23,10 @@ from typing import Optional
 import ctranslate2
 import numpy as np
 
-from ct2_flash.loop.options import one_greedy_hypothesis
-from ct2_flash.engine.deferred_model import load_before_timing
 from ct2_flash.adapter.routing import EngineRouter, produced_tokens
+from ct2_flash.engine.deferred_model import load_before_timing
 from ct2_flash.loop.clock import Stopwatch
+from ct2_flash.loop.options import one_greedy_hypothesis
 from ct2_flash.stock.client import RemoteEncoding, StockEngine, StockUnavailable
 
 logger = logging.getLogger("ct2_flash")

@@ -15,14 +15,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-
 from ct2_flash.adapter.audio import audio_frames, check_features
-from ct2_flash.loop.options import DecodingOptions
-from ct2_flash.drafting.base import Drafter
-from ct2_flash.drafting.files import CheckpointError
-from ct2_flash.redecodes.hypothesis import HypothesisDrafter, ends_in_loop
 from ct2_flash.adapter.engine_pair import Engines
-from ct2_flash.redecodes.memory import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 from ct2_flash.adapter.routing import (
     BEAM_SEARCH,
     EXACT_COMPUTE_TYPE,
@@ -33,10 +27,15 @@ from ct2_flash.adapter.routing import (
     inexact_reason,
     produced_tokens,
 )
+from ct2_flash.drafting.base import Drafter
+from ct2_flash.drafting.files import CheckpointError
 from ct2_flash.loop.clock import Stopwatch
 from ct2_flash.loop.decoding import SpeculativeDecoder
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import PromptLayout, host_array, on_device_of
+from ct2_flash.redecodes.hypothesis import HypothesisDrafter, ends_in_loop
+from ct2_flash.redecodes.memory import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 
 logger = logging.getLogger("ct2_flash")
 

@@ -23,23 +23,23 @@ import numpy as np
 from faster_whisper import WhisperModel
 
 from ct2_flash.adapter.audio import checked_audio
-from ct2_flash.loop.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
-from ct2_flash.loop.draft_lengths import DraftLengths
+from ct2_flash.adapter.engine_pair import Engines
+from ct2_flash.adapter.routing import CallRouter, EngineRouter, inexact_reason
+from ct2_flash.adapter.speculative_whisper import SpeculativeWhisper
+from ct2_flash.adapter.thread_split import measure_split
 from ct2_flash.drafting.base import Drafter
-from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
 from ct2_flash.drafting.kinds import open_drafter
+from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
 from ct2_flash.engine.deferred_model import DeferredWhisper, deferred_compute_type, deferring_loads
 from ct2_flash.engine.model_files import CT2ModelFile, ModelFileError
 from ct2_flash.engine.models import resolve_model
-from ct2_flash.adapter.routing import CallRouter, EngineRouter, inexact_reason
+from ct2_flash.loop.decoding import Adaptive, SpeculativeDecoder, checked_draft_count
+from ct2_flash.loop.draft_lengths import DraftLengths
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import TargetRuntime
 from ct2_flash.loop.vocabulary import load_config, load_vocabulary
 from ct2_flash.stock.client import StockEngine
 from ct2_flash.stock.location import installed as stock_installed
-from ct2_flash.adapter.engine_pair import Engines
-from ct2_flash.adapter.speculative_whisper import SpeculativeWhisper
-from ct2_flash.adapter.thread_split import measure_split
 
 logger = logging.getLogger("ct2_flash")
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
 from ct2_flash.drafting.kinds import checked_options, kind_named, kind_of, shipped_drafter
+from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
 
 ORACLE = "oracle"
 BUILTIN = "builtin"

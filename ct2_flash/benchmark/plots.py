@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import List
 
-
 SYSTEM_NAMES = {
     "baseline": "faster-whisper, same engine",
     "flash": "ct2-flash",

@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import ctranslate2
 import numpy as np
 
-from ct2_flash.benchmark.measure import Measurement, measure
 from ct2_flash.benchmark.analysis import (
     bucket_labels,
     bucket_of,
@@ -29,10 +28,11 @@ from ct2_flash.benchmark.analysis import (
     word_error_rate,
     word_error_rate_interval,
 )
-from ct2_flash.benchmark.manifest import Utterance
-from ct2_flash.benchmark.machine import machine
-from ct2_flash.benchmark.stock import STOCK_SYSTEMS, StockWorker, allocators_of, stock_systems
 from ct2_flash.benchmark.drafters import ORACLE, build_drafter
+from ct2_flash.benchmark.machine import machine
+from ct2_flash.benchmark.manifest import Utterance
+from ct2_flash.benchmark.measure import Measurement, measure
+from ct2_flash.benchmark.stock import STOCK_SYSTEMS, StockWorker, allocators_of, stock_systems
 from ct2_flash.engine.models import resolve_model
 from ct2_flash.loop.draft_lengths import CONFIDENCE_BINS
 
@@ -283,11 +283,13 @@ def run_batched(
         for batch_size in config.batch_sizes:
             options = dict(beam_size=1, batch_size=batch_size, word_timestamps=config.word_timestamps)
             systems = {
-                name: (lambda key, samples, seed, pipeline=pipeline: measure(pipeline, samples, **options))
+                name: (
+                    lambda key, samples, seed, pipeline=pipeline, options=options: measure(pipeline, samples, **options)
+                )
                 for name, pipeline in (("baseline", baseline), ("flash", flash))
             }
             for name, stock in stocks.items():
-                systems[name] = lambda key, samples, seed, stock=stock: stock.measure(
+                systems[name] = lambda key, samples, seed, stock=stock, options=options: stock.measure(
                     key, samples, seed, batched=True, **options
                 )
             first = utterances[0]

@@ -127,7 +127,7 @@ def _unpack_asterisk(debs: List[str], audio_dir: str) -> List[Utterance]:
     transcripts: Dict[str, str] = {}
     archives = [_deb_files(deb) for deb in debs]
     for tar in archives:
-        for inner, member in _members(tar, r"usr/share/doc/asterisk-core-sounds-en/core-sounds-en\.txt\.gz").items():
+        for member in _members(tar, r"usr/share/doc/asterisk-core-sounds-en/core-sounds-en\.txt\.gz").values():
             source = tar.extractfile(member)
             for line in gzip.decompress(source.read()).decode("utf-8", "replace").splitlines():
                 name, _, text = line.partition(":")

@@ -36,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
 
     from faster_whisper import WhisperModel
 
+    from ct2_flash.adapter.whisper_model import FlashWhisperModel
     from ct2_flash.benchmark.machine import machine
     from ct2_flash.benchmark.replay import as_records, replay, summary
     from ct2_flash.engine.models import resolve_model
     from ct2_flash.jobs.streaming import OnlineProcessor, StreamOptions, text_of
-    from ct2_flash.adapter.whisper_model import FlashWhisperModel
 
     audio = read_audio(args.audio)
     if audio is None:

@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-
 # faster-whisper's transcribe() options as flags of the same names (dashes for underscores),
 # passed only where given (--temperature, which takes a list, and the flags above them aside).
 MORE_OPTIONS = (
@@ -375,8 +374,8 @@ def _model_options(args: argparse.Namespace) -> dict:
 
 def _transcription_model(args: argparse.Namespace):
     """The model ``transcribe`` decodes with; False (the reason printed) where it cannot be built."""
-    from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
     from ct2_flash.adapter.whisper_model import FlashWhisperModel
+    from ct2_flash.drafting.files import CheckpointError, DrafterMismatchError
 
     try:
         return FlashWhisperModel(**_model_options(args))

@@ -273,8 +273,8 @@ def verify(
         "max_log_prob_difference"}: the last is over tokens where both chose the same.
     """
     from ct2_flash.drafting.base import DraftWindow
-    from ct2_flash.loop.options import DecodingOptions
     from ct2_flash.drafting.flash_drafter import FlashDrafter
+    from ct2_flash.loop.options import DecodingOptions
 
     reference = FlashDrafter(model, precision="float32", min_confidence=0.0)
     exported = OnnxDrafter(directory, model_path, precision=precision, min_confidence=0.0)

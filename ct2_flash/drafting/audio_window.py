@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-
 # Encoder frames of padding a drafter still sees after the audio (50 = 1 s).
 PADDING_FRAMES_SEEN = 50
 # Encoder frames (20 ms each) a round reads before and after where the target reads.

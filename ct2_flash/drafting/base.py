@@ -103,6 +103,7 @@ class Drafter(abc.ABC):
     def prepare(self) -> None:
         """Open what the drafter runs on, once, before its first window (the model calls it
         where the loop is about to run). ``CheckpointError`` where that cannot be done."""
+        return None  # a hook: nothing to open by default
 
     @abc.abstractmethod
     def begin(self, window: DraftWindow) -> None:
@@ -127,6 +128,7 @@ class Drafter(abc.ABC):
     def observe_position(self, frame: int) -> None:
         """The encoder frame the target's alignment heads attended to most when it predicted
         the next anchor (called after each verification when ``wants_position``)."""
+        return None  # a hook: drafters that do not read the position ignore it
 
     def advance(self, states: Optional[np.ndarray], cache_length: int) -> None:
         """The target cache now holds ``cache_length`` positions.
@@ -137,3 +139,4 @@ class Drafter(abc.ABC):
             cache_length: positions now in the target cache; a drafter with a cache of its own
                 keeps exactly the positions before this length.
         """
+        return None  # a hook: drafters without a cache of their own keep nothing

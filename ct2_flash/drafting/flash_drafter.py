@@ -22,9 +22,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.drafting.audio_window import audio_window_span, check_audio_window
-from ct2_flash.drafting.round_options import check_round_options, cut_by_confidence
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.drafting.files import (  # noqa: F401 (re-exported)
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -36,6 +35,7 @@ from ct2_flash.drafting.files import (  # noqa: F401 (re-exported)
     target_identity,
 )
 from ct2_flash.drafting.flash_model import FlashDrafterModel
+from ct2_flash.drafting.round_options import check_round_options, cut_by_confidence
 from ct2_flash.engine.model_files import CT2ModelFile
 
 # Buffers copied from the target at load time instead of being stored (they are the target's).

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.drafting.files import DrafterConfig, TargetIdentity  # noqa: F401 (re-exported)
+from ct2_flash.engine.model_files import CT2ModelFile
 
 
 def rope_table(size: int, head_dim: int, base: float) -> torch.Tensor:

@@ -41,7 +41,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ct2_flash.engine.model_files import CT2ModelFile
+from ct2_flash.drafting.audio_window import AUDIO_WINDOW, audio_window_span, check_audio_window
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.drafting.files import (
     CheckpointError,
     DrafterConfig,
@@ -50,9 +51,8 @@ from ct2_flash.drafting.files import (
     read_config,
     target_identity,
 )
-from ct2_flash.drafting.audio_window import AUDIO_WINDOW, audio_window_span, check_audio_window
-from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.drafting.round_options import check_round_options, cut_by_confidence
+from ct2_flash.engine.model_files import CT2ModelFile
 
 EXPORT_FILE = "export.json"
 GRAPHS = ("audio", "history", "propose")

@@ -34,15 +34,15 @@ import faster_whisper
 import faster_whisper.transcribe
 from faster_whisper.utils import download_model
 
-from ct2_flash.engine.models import UnknownModelError, available_models
-from ct2_flash.loop.decoding import check_num_draft_tokens
-from ct2_flash.loop.stats import SpecStats
 from ct2_flash.adapter.whisper_model import (
     BatchedInferencePipeline,
     FlashWhisperModel,
     WhisperModel,
     constructor_signature,
 )
+from ct2_flash.engine.models import UnknownModelError, available_models
+from ct2_flash.loop.decoding import check_num_draft_tokens
+from ct2_flash.loop.stats import SpecStats
 
 logger = logging.getLogger("ct2_flash")
 

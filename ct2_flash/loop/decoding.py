@@ -25,17 +25,16 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
-from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop import draft_pause, row_scores
 from ct2_flash.loop.acceptance import Acceptance, GreedyAcceptance, SampledAcceptance
-from ct2_flash.loop.drafts import Draft, DrawnDrafts, ProposedDrafts
-from ct2_flash.loop.guard import Guard
 from ct2_flash.loop.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
 from ct2_flash.loop.draft_lengths import MAX_OFFERED, DraftLengths
+from ct2_flash.loop.drafts import Draft, DrawnDrafts, ProposedDrafts
+from ct2_flash.loop.guard import Guard
 from ct2_flash.loop.logit_rules import LogitRules
+from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import PromptLayout, TargetRuntime, host_array, on_device_of
-
 
 logger = logging.getLogger("ct2_flash")
 

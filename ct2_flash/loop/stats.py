@@ -7,7 +7,6 @@ from typing import Dict, List, Sequence
 
 from ct2_flash.loop.draft_lengths import CONFIDENCE_BINS, DraftLengths
 
-
 OFFERED_ENDS = ("whole block", "timestamp", "text", "unsure")
 
 

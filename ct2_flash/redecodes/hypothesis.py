@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ct2_flash.drafting.base import DraftWindow, Drafter, Proposal
+from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.drafting.prompt_lookup import latest_occurrence
 
 # Tokens of context matched when realigning: enough to tell repeated words apart, few enough

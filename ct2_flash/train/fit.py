@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from ct2_flash.engine.model_files import CT2ModelFile
 from ct2_flash.drafting.audio_window import AUDIO_WINDOW, PADDING_FRAMES_SEEN, audio_window_span, check_audio_window
 from ct2_flash.drafting.flash_drafter import FlashDrafter, load_checkpoint, save_checkpoint, target_identity
 from ct2_flash.drafting.flash_model import DrafterConfig, FlashDrafterModel, block_attention_mask
+from ct2_flash.engine.model_files import CT2ModelFile
 
 IGNORE = -100
 # What reading a damaged teacher file raises (numpy's npz is a zip archive).
@@ -189,8 +189,8 @@ def speech_windows(target, manifests: Sequence[str], limit: Optional[int] = None
     from ctranslate2 import StorageView
     from faster_whisper.audio import decode_audio
 
-    from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.adapter.audio import audio_frames
+    from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.train.extract import prompt_for
 
     special = target.decoder.runtime.special
@@ -222,7 +222,7 @@ def order_by_length(examples: Sequence[Example]) -> List[int]:
 
 def _readable(example: Example) -> bool:
     try:
-        example.encoder_output
+        _ = example.encoder_output  # reading it is the check
     except DAMAGED:
         return False
     return True
@@ -839,7 +839,7 @@ class _Training:
                 meta["skipped_files"].append(os.path.basename(damaged.path))
                 train = [e for e in train if e.path != damaged.path]
                 if not train:
-                    raise RuntimeError(f"every training file in {data_dir} is damaged")
+                    raise RuntimeError(f"every training file in {data_dir} is damaged") from error
                 by_length = order_by_length(train)
                 continue
             loss = train_step(self.model, self.optimizer, batch, self.full_to_short, config, step)
