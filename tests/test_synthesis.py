@@ -13,7 +13,13 @@ def _tone(seconds=2.0):
     return (0.3 * np.sin(2 * np.pi * 300 * t) * 32767).astype(np.int16)
 
 
-@pytest.mark.parametrize("channel", sorted(augment.CHANNELS))
+def test_a_chain_picks_only_channels_this_build_can_encode():
+    assert set(augment.channels()) <= set(augment.CHANNELS)
+    assert {"telephone", "mulaw", "alaw"} <= set(augment.channels())  # FFmpeg's own PCM codecs
+    assert not augment.encodable("no-such-codec")
+
+
+@pytest.mark.parametrize("channel", augment.channels())
 def test_channel_round_trip_keeps_length_and_signal(channel):
     audio = _tone().astype(np.float32) / 32768
     out = augment.through_channel(audio, channel)

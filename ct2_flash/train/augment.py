@@ -14,6 +14,7 @@ Speech is 16 kHz int16 in and out.
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -21,7 +22,8 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 
-# name -> (container format, codec, codec sample rate, bit rate or None)
+# name -> (container format, codec, codec sample rate, bit rate or None). A chain picks among
+# those whose encoder this PyAV (FFmpeg) build has (``channels``).
 CHANNELS = {
     "telephone": (None, None, 8000, None),
     "mulaw": ("wav", "pcm_mulaw", 8000, None),
@@ -67,7 +69,7 @@ def augment(
         info["noise"] = kind
         info["snr_db"] = round(snr, 1)
     if rng.random() < 0.35:
-        channel = str(rng.choice(sorted(CHANNELS)))
+        channel = str(rng.choice(channels()))
         audio = through_channel(audio, channel)
         info["channel"] = channel
     peak_db = float(rng.uniform(-26, -1))
@@ -118,6 +120,24 @@ def _babble(size: int, source: Callable[[], np.ndarray], rng: np.random.Generato
         other = np.roll(np.resize(other, size), int(rng.integers(size)))
         babble += other / (np.sqrt(np.mean(other**2)) + 1e-9) * float(rng.uniform(0.5, 1.0))
     return babble
+
+
+@functools.lru_cache(maxsize=None)
+def channels() -> Tuple[str, ...]:
+    """The names of ``CHANNELS`` this PyAV build can encode, sorted: not every wheel has every
+    encoder (av 18.1.1's has no AMR-NB), and a chain must not fail on one it lacks."""
+    return tuple(sorted(name for name, (_, codec, _, _) in CHANNELS.items() if codec is None or encodable(codec)))
+
+
+def encodable(codec: str) -> bool:
+    """Whether this PyAV build has an encoder named ``codec``."""
+    import av
+
+    try:
+        av.codec.Codec(codec, "w")
+    except Exception:  # PyAV's UnknownCodecError, or a codec it cannot open for writing
+        return False
+    return True
 
 
 def through_channel(audio: np.ndarray, channel: str) -> np.ndarray:
