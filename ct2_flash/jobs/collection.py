@@ -206,6 +206,19 @@ def audio_duration(path: str) -> Optional[float]:
     return None
 
 
+def _skipping_done(files: Sequence[AudioFile], output_dir: str, formats: Sequence[str]):
+    """Yield the "skipped" result of each file whose outputs all exist; return the others, in
+    order (one look at each file's outputs: a list lookup per file was quadratic)."""
+    todo: List[AudioFile] = []
+    for audio in files:
+        skipped = _skipped(audio, output_dir, formats)
+        if skipped is None:
+            todo.append(audio)
+        else:
+            yield skipped
+    return todo
+
+
 def _skipped(audio: AudioFile, output_dir: str, formats: Sequence[str]) -> Optional[FileResult]:
     """``audio``'s result when all its outputs exist (it is skipped), else None."""
     outputs = output_paths(output_dir, audio.stem, formats)
@@ -306,13 +319,7 @@ def transcribe_found(
     if in_flight is not None and in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight!r}")
     transcribe_options.setdefault("beam_size", 1)
-    todo = []
-    for audio in files:  # skipped ones first: one look at each file's outputs
-        skipped = _skipped(audio, output_dir, formats)
-        if skipped is None:
-            todo.append(audio)
-        else:
-            yield skipped
+    todo = yield from _skipping_done(files, output_dir, formats)
     if not todo:
         return
     model = model or _default_model(jobs)
@@ -402,13 +409,7 @@ def transcribe_on_ray(
         import ray
     except ImportError:
         raise CollectionError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
-    todo = []
-    for audio in files:  # one look at each file's outputs (a list lookup per file was quadratic)
-        skipped = _skipped(audio, output_dir, formats)
-        if skipped is None:
-            todo.append(audio)
-        else:
-            yield skipped
+    todo = yield from _skipping_done(files, output_dir, formats)
     if not todo:
         return
     if not ray.is_initialized():
