@@ -131,8 +131,8 @@ def child(args) -> None:
             "redecodes": stats.redecodes,
             "tokens_per_target_call": stats.tokens_per_call,
             "continued_rows": stats.continued_rows,
-            "rows_in_loop": stats.generate_calls,
-            "rows_in_generate": stats.generate_rows,
+            "rows_in_loop": stats.rows_in_loop,
+            "rows_in_generate": stats.rows_in_generate,
             "offered": stats.offered,
             "offered_accepted": stats.offered_accepted,
         }

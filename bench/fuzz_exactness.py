@@ -54,7 +54,7 @@ def main() -> None:
     from tqdm import tqdm
 
     from ct2_flash import FlashWhisperModel, resolve_model
-    from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
+    from ct2_flash.drafting.reference import OracleDrafter, RandomDrafter
     from ct2_flash.validation.fuzzing import random_case, run_case
 
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")

@@ -57,7 +57,7 @@ GREEDY = dict(beam_size=1, temperature=0.0)
 
 
 class AlwaysLoop(CallRouter):
-    def speculate(self, batch_size: int) -> bool:
+    def use_loop(self, batch_size: int) -> bool:
         return True
 
 
@@ -144,8 +144,8 @@ def loop_counters(model) -> dict:
         "proposed": stats.proposed,
         "accepted": stats.accepted,
         "rows_rechecked": stats.rows_rechecked,
-        "fallback_calls": stats.fallback_calls,
-        "generate_rows": stats.generate_rows,
+        "fallback_calls": stats.unchanged_calls,
+        "generate_rows": stats.rows_in_generate,
         "tokens_per_target_call": round(stats.emitted / max(stats.target_calls, 1), 3),
         **{f"{part}_s": round(getattr(stats, f"{part}_seconds"), 4) for part in ("drafter", "verify", "other")},
     }
@@ -278,7 +278,7 @@ def redecode_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dic
     apart, the first ``--redecode-seconds``), cut into pieces of up to 25 s, each piece
     transcribed as buffers ending at 2, 3, ... s by faster-whisper and by
     ``FlashWhisperModel(near_exact=True)`` (the previous hypothesis offered, the re-decode
-    policy), the two in turn piece by piece, in alternating order."""
+    router), the two in turn piece by piece, in alternating order."""
     model_path = resolve_model(args.model)
     common = dict(device=args.device, compute_type=compute_type, cpu_threads=args.cpu_threads)
     models = {
@@ -314,7 +314,7 @@ def redecode_check(args, compute_type: str, clips: Dict[str, np.ndarray]) -> dic
             redecodes=stats.redecodes,
             offered=stats.offered,
             offered_accepted=stats.offered_accepted,
-            loop_rows=stats.generate_calls,
+            loop_rows=stats.rows_in_loop,
         ),
     }
 

@@ -7,7 +7,7 @@ test clip; real clips of a speech set joined with short gaps) is cut into pieces
 instance (greedy, ``beam_size=1``, timestamps on: the bar's protocol), by three systems:
 
 - ``same``: faster-whisper on the engine ct2-flash runs its loop on (the patched runtime);
-- ``flash``: ``FlashWhisperModel`` as users get it (the stock worker, the policies, the
+- ``flash``: ``FlashWhisperModel`` as users get it (the stock worker, the routers, the
   previous hypothesis offered to re-decodes);
 - ``stock``: faster-whisper on stock ctranslate2, in a worker process (what users run today);
 - ``tuned_stock``: the same in a process of its own with the allocator a user sets without
@@ -125,8 +125,8 @@ def run_compute_type(compute_type: str, pieces_by_name: Dict[str, np.ndarray], a
                                 "repeat": repeat,
                                 "buffers": len(ends),
                                 "redecodes": stats.redecodes,
-                                "loop_rows": stats.generate_calls,
-                                "generate_rows": stats.generate_rows,
+                                "loop_rows": stats.rows_in_loop,
+                                "generate_rows": stats.rows_in_generate,
                                 "target_calls": stats.target_calls,
                                 "emitted": stats.emitted,
                                 "offered_rounds": stats.offered_rounds,

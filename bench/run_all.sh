@@ -78,7 +78,7 @@ $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --drafter or
   --out $OUT/oracle/always_right
 $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --drafter oracle --drafter-option error_rate=0.1 \
   --compute-types float32 int8 --repeats 3 --near-exact --out $OUT/oracle/error_rate_0.1
-# What the int8 guard costs at that ceiling (the default margin is 2.0).
+# What the margin guard costs at that ceiling (the default margin is 2.0).
 for guard in 0 1.0; do
   $PY -m ct2_flash.cli bench --no-stock-engine --audio-dir tests/data --drafter oracle --compute-types int8 --near-exact --guard-margin $guard \
     --repeats 1 --out $OUT/oracle/int8_guard_$guard
@@ -151,7 +151,7 @@ $PY -m ct2_flash.cli bench --audio-dir "$LONG_REAL" --compute-types int8 float32
 # The draft round on full 30 s windows (where the position window matters).
 $PY bench/studies/draft_round.py --audio "$LONG_REAL"/real_long_0.wav "$LONG_REAL"/real_long_1.wav \
   --out $OUT/draft_round/int8_long.json
-# The int8 guard: verified rows against single steps, and identity against generate() by margin.
+# The margin guard: verified rows against single steps, and identity against generate() by margin.
 $PY bench/studies/guard_margin.py --compute-type int8 --limit 30 --out $OUT/guard_margin/int8.json
 # Where the loop, forced, leaves generate(): the deciding pass and both sides' margins.
 $PY bench/studies/int8_differences.py --out $OUT/int8_differences/int8.json

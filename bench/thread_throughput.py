@@ -103,8 +103,8 @@ def main() -> None:
                 else {}
             ),
             **{f"{name}: clips identical to {references[name]}": count for name, count in identical.items()},
-            "speculative rows": stats.generate_calls,
-            "generate() rows": stats.generate_rows,
+            "speculative rows": stats.rows_in_loop,
+            "generate() rows": stats.rows_in_generate,
             "busy calls": stats.busy_calls,
         }
         for model in models.values():

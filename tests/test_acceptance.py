@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ct2_flash.loop.acceptance import GreedyAcceptance, greedy_accept, sample_accept
+from ct2_flash.loop.acceptance import GreedyRule, greedy_accept, sample_accept
 from ct2_flash.loop.drafts import Draft
 from ct2_flash.loop.guard import Guard
 from ct2_flash.loop.logit_rules import LogitRules, SpecialTokens, draw
@@ -233,7 +233,7 @@ def test_guard_margins_cover_every_decision_of_a_row(name, timestamps, first, dr
         assert np.isnan(choice.margins(1)[0]), name
     else:
         assert choice.margins(1)[0] == pytest.approx(margin, abs=1e-4), name
-    outcome = GreedyAcceptance(Guard(np.array([2.0])), _SPECIAL.eot).accept(Draft(tokens=(draft,)), choice, 0)
+    outcome = GreedyRule(Guard(np.array([2.0])), _SPECIAL.eot).accept(Draft(tokens=(draft,)), choice, 0)
     assert outcome.unsure is unsure, name
     # Unsure: nothing of the row is kept and no token is guessed (a single pass decides it).
     assert (outcome.accepted, outcome.next_token) == ((0, None) if unsure else (1, bonus)), name

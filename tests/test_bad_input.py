@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ct2_flash import AudioError, FlashWhisperModel, UnknownModelError, available_models, resolve_model
+from ct2_flash.drafting.reference import RandomDrafter
 from ct2_flash.engine.runtime_check import RuntimeInstallError, missing_features, require_patched_runtime
-from ct2_flash.validation.drafters import RandomDrafter
 
 from .conftest import segments_of
 
@@ -90,10 +90,10 @@ def test_bad_waveforms_raise_before_decoding_and_the_model_stays_usable(pair, cl
     nonsense (int16 read as floats): one ``AudioError`` naming it, nothing decoded, and the
     next call on the same model is exactly faster-whisper's."""
     audio = clips["clip01_slt.ogg"]
-    calls = pair.flash.spec_stats.target_calls + pair.flash.spec_stats.generate_rows
+    calls = pair.flash.spec_stats.target_calls + pair.flash.spec_stats.rows_in_generate
     with pytest.raises(AudioError, match=message):
         pair.flash.transcribe(make(audio), beam_size=1)
-    assert pair.flash.spec_stats.target_calls + pair.flash.spec_stats.generate_rows == calls
+    assert pair.flash.spec_stats.target_calls + pair.flash.spec_stats.rows_in_generate == calls
     assert issubclass(AudioError, ValueError)
     assert segments_of(pair.flash, audio, beam_size=1) == pair.reference("clip01_slt.ogg", audio, beam_size=1)
 

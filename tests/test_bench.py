@@ -207,6 +207,18 @@ def test_bench_runs_end_to_end_with_the_oracle(tmp_path):
     assert batched["speculative_rows"] >= 2 and batched["generate_rows"] == 0
     for name in ("speedup_by_duration.png", "acceptance_by_position.png", "time_split.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert_time_splits_add_up(document)
+
+
+def assert_time_splits_add_up(document: dict) -> None:
+    """Every second of a system's whole path is in exactly one part of its time split: no part
+    is negative (a second booked twice would make the remainder so) and the parts sum to the
+    whole."""
+    for setting in document["settings"]:
+        for name, system in setting["summary"]["systems"].items():
+            split = system["time_split_seconds"]
+            assert min(split.values()) >= 0, (name, split)
+            assert sum(split.values()) == pytest.approx(system["whole_seconds"], rel=1e-9), (name, split)
 
 
 @pytest.mark.slow
@@ -242,7 +254,9 @@ def test_bench_times_stock_faster_whisper_sequential_and_batched(tmp_path):
         )
         == 0
     )
-    (setting,) = json.loads((out / "bench.json").read_text())["settings"]
+    document = json.loads((out / "bench.json").read_text())
+    assert_time_splits_add_up(document)
+    (setting,) = document["settings"]
     assert setting["stock_ctranslate2"] == STOCK_CTRANSLATE2
     # Identity covers the word timings too (align() runs in ct2-flash's worker).
     assert [row["words"] > 0 for row in setting["utterances"]] == [True, True]
@@ -290,7 +304,9 @@ def test_bench_runs_sampling_settings_through_the_loop(tmp_path):
         ]
     )
     assert code == 0
-    greedy, sampled = json.loads((out / "bench.json").read_text())["settings"]
+    document = json.loads((out / "bench.json").read_text())
+    assert_time_splits_add_up(document)
+    greedy, sampled = document["settings"]
     assert (greedy["temperature"], sampled["temperature"]) == (0.0, 0.8)
     assert greedy["summary"]["token_identity"] == {"identical": 1, "of": 1}
     summary = sampled["summary"]

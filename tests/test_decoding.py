@@ -4,6 +4,7 @@ The fake target predicts ``SCRIPT[i]`` after the first i generated tokens when t
 script, and a wrong token otherwise, so every draft outcome is known in advance.
 """
 
+import dataclasses
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -318,9 +319,9 @@ def test_a_drafter_that_wants_the_position_hears_where_the_target_read():
 
 
 @pytest.mark.parametrize("prefixes", [False, True])
-def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_policy_chooses(monkeypatch, prefixes):
+def test_adaptive_rounds_ask_prefix_drafters_for_the_rows_the_draft_lengths_choose(monkeypatch, prefixes):
     """Only a drafter whose short proposals are prefixes of long ones (and cheaper) is asked for
-    fewer than K; the others compute their K rows whatever the policy would choose."""
+    fewer than K; the others compute their K rows whatever the draft lengths would choose."""
     from ct2_flash.loop import draft_pause
     from ct2_flash.loop.draft_lengths import DraftLengths
 
@@ -379,3 +380,19 @@ def test_offered_tokens_are_verified_as_one_block_longer_than_k(max_length):
     # 448: the correction 17 is the next anchor, and 18 .. end of text are offered and kept;
     # 12: the budget ends with the first block's bonus.
     assert len(sequence.verify_log) == (2 if max_length == 448 else 1)
+
+
+def test_the_counters_former_names_still_read_and_write_with_a_warning():
+    """``spec_stats`` fields users may read kept their old names for one release."""
+    stats = SpecStats(rows_in_loop=3, rows_in_generate=2, unchanged_calls=1)
+    for old, new in (
+        ("generate_calls", "rows_in_loop"),
+        ("generate_rows", "rows_in_generate"),
+        ("fallback_calls", "unchanged_calls"),
+    ):
+        with pytest.warns(DeprecationWarning, match=f"SpecStats.{old} is now SpecStats.{new}"):
+            assert getattr(stats, old) == getattr(stats, new)
+        with pytest.warns(DeprecationWarning):
+            setattr(stats, old, 7)
+        assert getattr(stats, new) == 7
+    assert "generate_calls" not in dataclasses.asdict(stats)

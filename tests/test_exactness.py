@@ -29,8 +29,8 @@ import pytest
 from ct2_flash import FlashWhisperModel, load_drafter
 from ct2_flash.adapter.routing import CallRouter
 from ct2_flash.drafting.files import SHIPPED_DRAFTERS
+from ct2_flash.drafting.reference import OracleDrafter, RandomDrafter
 from ct2_flash.loop.options import DecodingOptions
-from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 from ct2_flash.validation.exactness import compare_window
 
 from .conftest import CLIP_PATHS, THREADS, segments_of
@@ -83,7 +83,7 @@ SHIPPED = os.path.isfile(os.path.join(SHIPPED_DRAFTERS, "tiny.en", "drafter.json
 
 
 class AlwaysSpeculate(CallRouter):
-    def speculate(self, batch_size: int) -> bool:
+    def use_loop(self, batch_size: int) -> bool:
         return True
 
 
@@ -98,7 +98,7 @@ def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps
     drafter = decoder.drafter if kind.startswith("default") else drafter_for(kind, pair)
     # Draft every round, the point being to stress the loop, except in the users' setting,
     # where the draft pause and the draft lengths decide inside speculative calls (every
-    # call is speculative here: the policy would send most of them to generate()).
+    # call is speculative here: the router would send most of them to generate()).
     if kind == "default-adaptive":
         flash = FlashWhisperModel(
             model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=AlwaysSpeculate()
@@ -117,7 +117,7 @@ def test_segments_identical(float32_pair, model_path, clips, kind, k, timestamps
                 mismatches.append((name, expected, got))
     assert not mismatches, f"{pair.compute_type}: {len(mismatches)} clip(s) differ: {mismatches[0]}"
     stats = flash.spec_stats
-    assert stats.fallback_calls == 0
+    assert stats.unchanged_calls == 0
     if not kind.startswith("default") or SHIPPED:
         assert stats.proposed > 0
     if kind == "oracle":
@@ -201,7 +201,7 @@ def test_int8_by_default_is_faster_whispers_output_with_timestamps(model_path, c
             mismatches.append("clip12_awb.ogg, word_timestamps=True")
     assert not mismatches
     stats = flash.spec_stats
-    assert stats.proposed == 0 and stats.generate_calls == 0 and stats.fallback_calls >= len(names or clips)
+    assert stats.proposed == 0 and stats.rows_in_loop == 0 and stats.unchanged_calls >= len(names or clips)
     assert "int8" in flash.model.inexact_reason
 
 
@@ -231,7 +231,7 @@ def test_int8_near_exact_runs_the_loop(model_path, clips, caplog):
         model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False, near_exact=True
     )
     segments_of(opted, clips["clip04_slt.ogg"], beam_size=1)
-    assert opted.spec_stats.proposed > 0 and opted.spec_stats.fallback_calls == 0
+    assert opted.spec_stats.proposed > 0 and opted.spec_stats.unchanged_calls == 0
     assert opted.model.inexact_reason is None
     default = FlashWhisperModel(
         model_path, stock_engine=False, compute_type="int8", cpu_threads=THREADS, adaptive=False

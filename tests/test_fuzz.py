@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ct2_flash import FlashWhisperModel
-from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
+from ct2_flash.drafting.reference import OracleDrafter, RandomDrafter
 from ct2_flash.validation.fuzzing import NOT_SPECULATIVE, random_case, run_case
 
 from .conftest import THREADS

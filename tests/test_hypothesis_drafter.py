@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
+from ct2_flash.drafting.hypothesis import LOOP_TOKENS, HypothesisDrafter, ends_in_loop, realign, repeated
 from ct2_flash.loop.options import DecodingOptions
-from ct2_flash.redecodes.hypothesis import LOOP_TOKENS, HypothesisDrafter, ends_in_loop, realign, repeated
 
 TS = 1000  # the first timestamp id in these tables; words are small ids
 

@@ -3,15 +3,18 @@ function-local imports included, and no module reaches for another layer's priva
 
 import ast
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bottom to top, by folder. A module may import from its own layer or any layer below it.
 LAYERS = [
     ("engine", "stock"),  # the CTranslate2 runtimes (patched here, stock in a worker) and model files
-    ("drafting",),  # drafters: interface, files, ONNX round, PyTorch network, the kinds a name loads
-    ("loop", "redecodes"),  # the decode loop; re-decodes (window memory, the hypothesis drafter)
+    (
+        "drafting",
+    ),  # drafters: interface, registry, prompt lookup, previous hypothesis, reference drafters, trained rounds
+    ("loop", "redecodes"),  # the decode loop; re-decodes (the windows a thread decoded last)
     ("adapter",),  # the faster-whisper adapter: model classes, proxy, routes, engines, audio checks
-    ("dropin", "validation", "jobs"),  # drop-in, reference drafters, collections/outputs/streaming
+    ("dropin", "validation", "jobs"),  # drop-in, exactness checks, collections/outputs/streaming
     ("benchmark", "train", "converters"),
     ("cli", "__init__"),  # the command line; the package's public names
 ]
@@ -78,6 +81,36 @@ def test_every_module_is_listed_in_the_layout_doc():
         if f"`{relative}`" not in layout and f"`{folder}`" not in layout:
             missing.append(relative)
     assert not missing, missing
+
+
+def listed_modules(docstring: str) -> set:
+    """The modules a package docstring names: the ````name````s before the colon of a bullet
+    (``- ``a``, ``b``: what they do``) and those of a paragraph that starts with ``Modules:``."""
+    listed = set()
+    for paragraph in docstring.split("\n\n"):
+        if paragraph.strip().startswith("Modules:"):
+            listed |= set(re.findall(r"``(\w+)``", paragraph))
+        for line in paragraph.splitlines():
+            bullet = re.match(r"- ((?:``\w+``(?:, )?)+):", line.strip())
+            if bullet:
+                listed |= set(re.findall(r"``(\w+)``", bullet.group(1)))
+    return listed
+
+
+def test_each_package_docstring_lists_its_modules():
+    """Each folder's ``__init__.py`` says what the folder offers and names every module in it,
+    and names no module that is not there (the layout doc is checked above)."""
+    wrong = {}
+    for directory, _, files in os.walk(PACKAGE):
+        modules = {name[:-3] for name in files if name.endswith(".py") and not name.startswith("__")}
+        if "__pycache__" in directory or directory == PACKAGE or not modules:
+            continue
+        with open(os.path.join(directory, "__init__.py"), encoding="utf-8") as stream:
+            docstring = ast.get_docstring(ast.parse(stream.read())) or ""
+        listed = listed_modules(docstring)
+        if listed != modules:
+            wrong[os.path.relpath(directory, ROOT)] = {"unlisted": modules - listed, "not a module": listed - modules}
+    assert not wrong, wrong
 
 
 def test_every_module_lives_in_a_folder_of_a_layer():

@@ -19,24 +19,24 @@ from .conftest import THREADS, segments_of
 
 
 class ForcedGenerate(CallRouter):
-    def speculate(self, batch_size):
+    def use_loop(self, batch_size):
         return False
 
 
 class ForcedSpeculation(CallRouter):
-    def speculate(self, batch_size):
+    def use_loop(self, batch_size):
         return True
 
 
-def _run(policy, calls, speculative_cost, generate_cost, call_seconds=FIRST_PROBE_SECONDS):
-    """Drive the policy with fixed per-token costs; returns the way each call went. A call of
+def _run(router, calls, speculative_cost, generate_cost, call_seconds=FIRST_PROBE_SECONDS):
+    """Drive the router with fixed per-token costs; returns the way each call went. A call of
     cost 1 takes ``call_seconds``: by default as long as the first probe's wait for
     ``generate()`` seconds, so that the calls alone decide when the loop is first probed."""
     ways = []
     for _ in range(calls):
-        way = policy.speculate(1)
+        way = router.use_loop(1)
         ways.append(way)
-        policy.record(way, 1, call_seconds * (speculative_cost if way else generate_cost), 1)
+        router.record(way, 1, call_seconds * (speculative_cost if way else generate_cost), 1)
     return ways
 
 
@@ -78,7 +78,7 @@ def test_once_the_loops_setup_is_paid_the_first_probe_does_not_wait():
     from ct2_flash.loop.options import DecodingOptions
 
     routes = CallRoutes()
-    routes.setup_paid()
+    routes.mark_setup_paid()
     short = FIRST_PROBE_SECONDS / 64
     ways = _run(routes.greedy, 40, speculative_cost=2.0, generate_cost=1.0, call_seconds=short)
     assert ways.index(True) == FIRST_PROBE_INTERVAL
@@ -111,9 +111,9 @@ def test_keeps_speculating_when_it_is_cheaper():
 
 
 def test_switches_when_the_costs_change():
-    policy = CallRouter()
-    _run(policy, 50, speculative_cost=0.5, generate_cost=1.0)
-    later = _run(policy, 200, speculative_cost=3.0, generate_cost=1.0)
+    router = CallRouter()
+    _run(router, 50, speculative_cost=0.5, generate_cost=1.0)
+    later = _run(router, 200, speculative_cost=3.0, generate_cost=1.0)
     assert not any(later[-100:-1]) or sum(later[-100:]) <= 3
 
 
@@ -122,17 +122,17 @@ def test_a_call_weighs_as_many_tokens_as_it_produced():
     call costs more per token on either way. Seen live on the test clips: one 5-token call at
     16 ms per token lifted generate()'s running cost above a loop 25% slower, which then took
     four long windows in a row. A running cost is running seconds over running tokens."""
-    policy = CallRouter()
-    policy.record(False, 1, 0.80, 100)  # 8 ms per token
-    policy.record(False, 1, 0.08, 5)  # 16 ms per token, 5 tokens
-    assert policy.generate_cost[1] == pytest.approx((0.7 * 0.80 + 0.3 * 0.08) / (0.7 * 100 + 0.3 * 5))
-    assert policy.generate_cost[1] < 0.0083
-    policy.record(True, 1, 1.0, 100)  # the loop at 10 ms per token stays the loser
-    assert policy.speculate(1) is False
+    router = CallRouter()
+    router.record(False, 1, 0.80, 100)  # 8 ms per token
+    router.record(False, 1, 0.08, 5)  # 16 ms per token, 5 tokens
+    assert router.generate_cost[1] == pytest.approx((0.7 * 0.80 + 0.3 * 0.08) / (0.7 * 100 + 0.3 * 5))
+    assert router.generate_cost[1] < 0.0083
+    router.record(True, 1, 1.0, 100)  # the loop at 10 ms per token stays the loser
+    assert router.use_loop(1) is False
 
 
 def test_without_adaptive_every_call_speculates(model_path, clips):
-    """adaptive=False: a policy that would send every call to generate() is not asked."""
+    """adaptive=False: a router that would send every call to generate() is not asked."""
     flash = FlashWhisperModel(
         model_path,
         stock_engine=False,
@@ -142,11 +142,11 @@ def test_without_adaptive_every_call_speculates(model_path, clips):
         adaptive=False,
     )
     segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
-    assert flash.spec_stats.generate_rows == 0 and flash.spec_stats.generate_calls > 0
+    assert flash.spec_stats.rows_in_generate == 0 and flash.spec_stats.rows_in_loop > 0
 
 
 def test_the_adaptive_parts_turn_on_alone(model_path, clips):
-    """Adaptive(route_calls=False): the policy is not asked, every call speculates; with only
+    """Adaptive(route_calls=False): the router is not asked, every call speculates; with only
     route_calls on, it is asked (and sends every call to generate() here)."""
     from ct2_flash import Adaptive
 
@@ -163,38 +163,38 @@ def test_the_adaptive_parts_turn_on_alone(model_path, clips):
             adaptive=adaptive,
         )
         segments_of(flash, clips["clip00_kal16.ogg"], beam_size=1)
-        assert (flash.spec_stats.generate_calls > 0) is speculated
-        assert (flash.spec_stats.generate_rows == 0) is speculated
+        assert (flash.spec_stats.rows_in_loop > 0) is speculated
+        assert (flash.spec_stats.rows_in_generate == 0) is speculated
     with pytest.raises(TypeError, match="adaptive must be True, False or a ct2_flash.Adaptive"):
         Adaptive.of("yes")
 
 
 def test_batches_are_compared_with_generate_at_their_own_size():
-    policy = CallRouter()
-    _run(policy, 10, speculative_cost=0.5, generate_cost=1.0)
-    assert policy.speculate(8) is False  # no generate() measurement at batch 8 yet
+    router = CallRouter()
+    _run(router, 10, speculative_cost=0.5, generate_cost=1.0)
+    assert router.use_loop(8) is False  # no generate() measurement at batch 8 yet
 
 
-@pytest.mark.parametrize("policy", [ForcedGenerate, ForcedSpeculation])
-def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips, policy):
+@pytest.mark.parametrize("router", [ForcedGenerate, ForcedSpeculation])
+def test_either_way_gives_faster_whisper_output(float32_pair, model_path, clips, router):
     """A never-agreeing drafter with calls sent to generate() or to the loop: same segments."""
-    from ct2_flash.validation.drafters import RandomDrafter
+    from ct2_flash.drafting.reference import RandomDrafter
 
     pair = float32_pair
     flash = FlashWhisperModel(
-        model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=policy()
+        model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=router()
     )
     with flash.use_drafter(RandomDrafter(vocab_size=51864, seed=3), adaptive=True):
         name = "clip06_awb.ogg"
         got = segments_of(flash, clips[name], beam_size=1, without_timestamps=True)
         assert got == pair.reference(name, clips[name], beam_size=1, without_timestamps=True)
         stats = flash.spec_stats
-        if policy is ForcedGenerate:
-            assert stats.generate_rows > 0 and stats.generate_calls == 0 and stats.draft_rounds == 0
+        if router is ForcedGenerate:
+            assert stats.rows_in_generate > 0 and stats.rows_in_loop == 0 and stats.draft_rounds == 0
             # Their time is counted apart from the loop's, which spent none.
             assert stats.generate_seconds > 0 and stats.decode_seconds == 0
         else:
-            assert stats.generate_rows == 0 and stats.draft_rounds > 0
+            assert stats.rows_in_generate == 0 and stats.draft_rounds > 0
             assert stats.generate_seconds == 0 and stats.other_seconds > 0
 
 
@@ -226,7 +226,7 @@ def test_draft_length_picks_the_count_a_cost_curve_makes_best(confidences, slope
     """On a synthetic cost curve (a 5 ms step, each verified row ``slope`` of a step more) and a
     drafter calibrated by what it got right, the chosen count is the one that is obviously
     best, with its neighbours at least 5% fewer tokens per second."""
-    policy = DraftLengths()
+    router = DraftLengths()
     rng = np.random.default_rng(0)
     cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds
     # Verifications of every length, each accepting as the calibration says (q = p here).
@@ -236,28 +236,28 @@ def test_draft_length_picks_the_count_a_cost_curve_makes_best(confidences, slope
         accepted = 0
         while accepted < n and rng.random() < probs[accepted]:
             accepted += 1
-        policy.observe(n, accepted, accepted < n, cost(n), np.log(probs))
-    fitted_slope, intercept = policy.verification.fit()
+        router.observe(n, accepted, accepted < n, cost(n), np.log(probs))
+    fitted_slope, intercept = router.verification.fit()
     assert fitted_slope / intercept == pytest.approx(slope, rel=1e-6)
-    assert policy.choose(np.log(confidences) if confidences else []) == chosen
+    assert router.choose(np.log(confidences) if confidences else []) == chosen
 
 
 def test_calibration_learns_an_overconfident_drafter():
-    policy = DraftLengths()
+    router = DraftLengths()
     for _ in range(200):  # says 0.95, is right a fifth of the time
         accepted = int(np.random.default_rng(_).random() < 0.2)
-        policy.observe(1, accepted, accepted < 1, 0.005, [math.log(0.95)])
-    assert policy.acceptance([math.log(0.95)])[0] < 0.3
-    assert policy.choose([math.log(0.95)] * 8) <= 1
+        router.observe(1, accepted, accepted < 1, 0.005, [math.log(0.95)])
+    assert router.acceptance([math.log(0.95)])[0] < 0.3
+    assert router.choose([math.log(0.95)] * 8) <= 1
 
 
 def test_rows_asks_for_every_draft_until_both_costs_are_timed():
-    policy = DraftLengths()
-    assert policy.rows(8) == 8 and policy.rows(1) == 1
-    policy.observe(0, 0, False, 0.005)
-    assert policy.rows(8) == 8  # the proposal's cost is still unknown
-    policy.observe_proposal(8, 0.003)
-    assert 1 <= policy.rows(8) <= 8
+    router = DraftLengths()
+    assert router.rows(8) == 8 and router.rows(1) == 1
+    router.observe(0, 0, False, 0.005)
+    assert router.rows(8) == 8  # the proposal's cost is still unknown
+    router.observe_proposal(8, 0.003)
+    assert 1 <= router.rows(8) <= 8
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,7 @@ def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(
 ):
     """Before a proposal, k is the row count with the most expected tokens per second of
     verification plus proposal (by the acceptance observed at each position), plus one."""
-    policy = DraftLengths()
+    router = DraftLengths()
     rng = np.random.default_rng(1)
     verify = lambda n: 0.005 * (1 + 0.07 * n)  # noqa: E731
     propose = lambda k: 0.0011 * (1 + propose_slope * k)  # noqa: E731
@@ -282,12 +282,12 @@ def test_rows_follow_the_acceptance_seen_at_each_position_and_explore_one_more(
         accepted = 0
         while accepted < n and rng.random() < acceptance[accepted]:
             accepted += 1
-        policy.observe(n, accepted, accepted < n, verify(n))
-        policy.observe_proposal(n, propose(n))
-    learned = policy.acceptance_by_position(8)
+        router.observe(n, accepted, accepted < n, verify(n))
+        router.observe_proposal(n, propose(n))
+    learned = router.acceptance_by_position(8)
     # A memory of ~50 rounds, pulled a little towards the prior of 0.5.
     np.testing.assert_allclose(learned[:2], acceptance[:2], atol=0.15)
-    assert policy.rows(8) == rows_of_8 and policy.rows(3) == rows_of_3
+    assert router.rows(8) == rows_of_8 and router.rows(3) == rows_of_3
 
 
 @pytest.mark.parametrize(
@@ -302,7 +302,7 @@ def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(accepta
     """Offered tokens are counted apart from the drafter's: their rounds teach the offered
     acceptance and the verification cost, not the acceptance by position the drafter's
     length uses."""
-    policy = DraftLengths()
+    router = DraftLengths()
     rng = np.random.default_rng(2)
     cost = lambda n: 0.005 * (1 + slope * n)  # noqa: E731 seconds
     for _ in range(300):
@@ -310,10 +310,10 @@ def test_offered_tokens_are_verified_as_far_as_their_own_acceptance_pays(accepta
         accepted = 0
         while accepted < n and rng.random() < acceptance:
             accepted += 1
-        policy.observe_offered(n, accepted, accepted < n, cost(n))
-    assert policy.offered(32) in chosen
-    assert policy.offered(0) == 0
-    assert not policy._judged_at.size  # the drafter's acceptance by position saw none of it
+        router.observe_offered(n, accepted, accepted < n, cost(n))
+    assert router.offered(32) in chosen
+    assert router.offered(0) == 0
+    assert not router._judged_at.size  # the drafter's acceptance by position saw none of it
 
 
 def test_re_decodes_are_routed_by_the_length_of_their_previous_hypothesis():
@@ -327,7 +327,7 @@ def test_re_decodes_are_routed_by_the_length_of_their_previous_hypothesis():
     ways = {id(short): [], id(long): []}
     for _ in range(40):
         for router, loop_seconds in ((short, 0.030), (long, 0.005)):  # the loop loses on short ones only
-            speculative = router.speculate(1)
+            speculative = router.use_loop(1)
             ways[id(router)].append(speculative)
             router.record(speculative, 1, loop_seconds if speculative else 0.010, 1)
     for router in (short, long):
@@ -396,7 +396,7 @@ def test_a_route_is_made_once_per_call(model_path, clips, monkeypatch):
     audio = clips["clip06_awb.ogg"]
     for options in (dict(beam_size=1), dict(beam_size=1), dict(beam_size=5), dict(beam_size=1, word_timestamps=True)):
         segments_of(flash, audio, **options)
-    assert flash.spec_stats.redecodes >= 1 and flash.spec_stats.fallback_calls >= 1
+    assert flash.spec_stats.redecodes >= 1 and flash.spec_stats.unchanged_calls >= 1
     assert counts["route"] == counts["generate"] >= 4
 
 

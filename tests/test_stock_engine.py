@@ -128,12 +128,12 @@ class OnePatched(EngineRouter):
         return self.forced or super().use_patched(batch_size)
 
 
-def test_greedy_calls_run_on_the_engine_the_policy_picks(model_path, float32_pair, clips):
+def test_greedy_calls_run_on_the_engine_the_router_picks(model_path, float32_pair, clips):
     """Greedy generate() on the patched runtime, over one copy of the worker's encoding per
     window; beam search stays in the worker."""
     from .test_routing import ForcedGenerate
 
-    # Every call outside the loop (no re-decodes: their policy tries the loop first).
+    # Every call outside the loop (no re-decodes: their router tries the loop first).
     flash = FlashWhisperModel(
         model_path,
         compute_type="float32",
@@ -179,18 +179,18 @@ def test_the_default_model_is_faster_whisper_on_stock_ctranslate2(
 ):
     """What users run today is the reference: the default model (worker on) gives its tokens,
     also with every greedy call on the patched runtime (from the worker's encoder output)."""
-    policy = OnePatched(forced=False)
-    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, engine_router=policy)
+    router = OnePatched(forced=False)
+    flash = FlashWhisperModel(model_path, compute_type=compute_type, cpu_threads=THREADS, engine_router=router)
     stock = stock_faster_whisper(compute_type)
     assert stock.version == STOCK_CTRANSLATE2
     engines = flash.model.engines
     for forced in (False, True):
-        policy.forced = forced
-        flash.forget_windows()  # the second pass is not a re-decode (their policy tries the loop first)
+        router.forced = forced
+        flash.forget_windows()  # the second pass is not a re-decode (their router tries the loop first)
         for name in SHORT[1:]:
             expected = stock.measure(name, clips[name], seed=0, beam_size=1).tokens
             assert [list(s.tokens) for s in flash.transcribe(clips[name], beam_size=1)[0]] == expected, name
-        # The patched model loads when the policy first sends a call to it, not before.
+        # The patched model loads when the router first sends a call to it, not before.
         assert flash.reference_model.model_is_loaded == forced
     assert engines.generate_calls["patched"] > 0  # (the loop may take a call at float32)
     assert engines.stock.running and engines.stock_failures == 0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from faster_whisper import BatchedInferencePipeline
 
-from ct2_flash.validation.drafters import OracleDrafter
+from ct2_flash.drafting.reference import OracleDrafter
 
 from .conftest import segments_of
 
@@ -77,7 +77,7 @@ def test_batched_pipeline_identical(float32_pair, oracle_flash, clips):
     got, _ = BatchedInferencePipeline(model=oracle_flash).transcribe(audio, **options)
     expected = [(s.tokens, s.start, s.end, s.text) for s in expected]
     assert [(s.tokens, s.start, s.end, s.text) for s in got] == expected
-    assert oracle_flash.spec_stats.generate_calls >= 4  # rows decoded one at a time
+    assert oracle_flash.spec_stats.rows_in_loop >= 4  # rows decoded one at a time
 
 
 def test_beam_search_falls_back_once_logged_and_sampling_does_not(float32_pair, clips, caplog):
@@ -88,14 +88,14 @@ def test_beam_search_falls_back_once_logged_and_sampling_does_not(float32_pair, 
         expected = float32_pair.reference("clip03_rms.ogg", audio, beam_size=5)
         assert segments_of(flash, audio, beam_size=5) == expected
         segments_of(flash, audio, beam_size=5)
-    assert flash.spec_stats.fallback_calls >= 2 and flash.spec_stats.generate_calls == 0
+    assert flash.spec_stats.unchanged_calls >= 2 and flash.spec_stats.rows_in_loop == 0
     beam = [r for r in caplog.records if "beam search is not speculative" in r.getMessage()]
     assert len(beam) == 1 and beam[0].levelno == logging.WARNING and "beam_size=1" in beam[0].getMessage()
     encoder_output = flash.encode_window(audio)
-    fallbacks = flash.spec_stats.fallback_calls
+    fallbacks = flash.spec_stats.unchanged_calls
     sampled = flash.model.generate(encoder_output, [[50257]], beam_size=1, sampling_topk=0, sampling_temperature=0.7)
     assert sampled[0].sequences_ids[0]
-    assert flash.spec_stats.fallback_calls == fallbacks  # sampling is decoded by the loop (or the policy's generate())
+    assert flash.spec_stats.unchanged_calls == fallbacks  # sampling is decoded by the loop (or the router's generate())
 
 
 def test_language_detection_on_an_english_only_model_fails_as_faster_whispers_does(float32_pair, clips):
@@ -115,7 +115,7 @@ def test_spec_stats_are_consistent(oracle_flash, clips):
     segments = list(segments)
     stats = oracle_flash.spec_stats
     # Every window emits its tokens plus one end-of-text (this clip has one window).
-    assert stats.generate_calls == 1
+    assert stats.rows_in_loop == 1
     assert stats.emitted == sum(len(s.tokens) for s in segments) + 1
     assert stats.accepted <= stats.proposed
     assert stats.acceptance_rate == pytest.approx(stats.accepted / stats.proposed)
@@ -216,7 +216,7 @@ def test_num_draft_tokens_beyond_the_drafter_is_clamped_with_a_warning(model_pat
 
 def test_use_drafter_swaps_and_restores(float32_pair, clips):
     from ct2_flash import Adaptive
-    from ct2_flash.validation.drafters import RandomDrafter
+    from ct2_flash.drafting.reference import RandomDrafter
 
     flash = float32_pair.flash
     before, adaptive = flash.drafter, flash.decoder.adaptive
@@ -269,7 +269,7 @@ def test_audio_frames_found_where_faster_whisper_pads(float32_pair, clips):
     decode = decoder.decode
     decoder.decode = lambda *args, **kwargs: seen.append(kwargs["audio_frames"]) or decode(*args, **kwargs)
     try:
-        # Not adaptive: the policy may have sent such calls to generate() after earlier tests.
+        # Not adaptive: the router may have sent such calls to generate() after earlier tests.
         with decoder.use_drafter(decoder.drafter, adaptive=False):
             list(flash.transcribe(audio, beam_size=1)[0])
     finally:
@@ -328,9 +328,9 @@ def test_one_model_shared_by_four_threads_gives_sequential_outputs(model_path, f
     for name in names:
         segments_of(flash, clips[name], **options)
     sequential = flash.spec_stats
-    assert sequential.busy_calls == 0 and sequential.generate_rows == 0
-    assert concurrent.generate_calls + concurrent.generate_rows == sequential.generate_calls
-    assert 0 < concurrent.busy_calls == concurrent.generate_rows  # the threads did overlap
+    assert sequential.busy_calls == 0 and sequential.rows_in_generate == 0
+    assert concurrent.rows_in_loop + concurrent.rows_in_generate == sequential.rows_in_loop
+    assert 0 < concurrent.busy_calls == concurrent.rows_in_generate  # the threads did overlap
 
 
 def test_transcribe_command_writes_what_faster_whisper_segments_give(float32_pair, clips, tmp_path, capsys):

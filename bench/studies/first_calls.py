@@ -44,8 +44,8 @@ def main() -> None:
     class LoopFirst(CallRouter):
         """The previous start: the loop's first measurement on the first call."""
 
-        def speculate(self, batch_size: int) -> bool:
-            return True if self.speculative_cost is None else super().speculate(batch_size)
+        def use_loop(self, batch_size: int) -> bool:
+            return True if self.speculative_cost is None else super().use_loop(batch_size)
 
     path = resolve_model("tiny.en")
     options = dict(compute_type=args.compute_type, cpu_threads=args.threads)
@@ -71,7 +71,7 @@ def main() -> None:
             result = measure(model, audio, beam_size=1)
             row[name] = {"decode": result.decode_seconds, "whole": result.whole_seconds}
             if name != "faster-whisper":
-                row[name]["speculative_calls"] = model.spec_stats.generate_calls
+                row[name]["speculative_calls"] = model.spec_stats.rows_in_loop
             tokens[name] = result.tokens
             del model
         row["identical"] = all(tokens[name] == tokens["faster-whisper"] for name in tokens)

@@ -29,7 +29,7 @@ from ct2_flash.benchmark.speech_sets import fetch
 
 
 class NeverSpeculate(CallRouter):
-    def speculate(self, batch_size: int) -> bool:
+    def use_loop(self, batch_size: int) -> bool:
         return False
 
 

@@ -100,8 +100,8 @@ def main() -> None:
     from ct2_flash.benchmark.manifest import read_manifest
     from ct2_flash.benchmark.runner import load_audio
     from ct2_flash.benchmark.speech_sets import fetch
+    from ct2_flash.drafting.reference import OracleDrafter
     from ct2_flash.loop.options import DecodingOptions
-    from ct2_flash.validation.drafters import OracleDrafter
     from ct2_flash.validation.exactness import compare_window
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -33,9 +33,9 @@ from ct2_flash.benchmark.manifest import read_manifest
 from ct2_flash.benchmark.runner import load_audio
 from ct2_flash.benchmark.scripts import machine, record_verifications, write_result
 from ct2_flash.benchmark.speech_sets import fetch
+from ct2_flash.drafting.reference import OracleDrafter, RandomDrafter
 from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.target import PromptLayout
-from ct2_flash.validation.drafters import OracleDrafter, RandomDrafter
 
 SAMPLE_RATE = 16000
 

@@ -131,7 +131,7 @@ SMOOTHING = 0.3
 
 def produced_tokens(results) -> int:
     """Tokens a ``generate()`` call produced, end-of-text included, over all rows and
-    hypotheses: what both policies divide its time by."""
+    hypotheses: what both routers divide its time by."""
     return sum(len(ids) + 1 for result in results for ids in result.sequences_ids)
 
 
@@ -169,7 +169,7 @@ class CallRouter:
     # way ("speculative" or a batch size) -> (running seconds, running tokens), see record().
     _running: Dict[object, Tuple[float, float]] = field(default_factory=dict, repr=False)
 
-    def speculate(self, batch_size: int) -> bool:
+    def use_loop(self, batch_size: int) -> bool:
         """Whether the next call with ``batch_size`` rows should run speculatively."""
         generate_cost = self.generate_cost.get(batch_size)
         if self.loop_calls < self.loop_first:
@@ -325,7 +325,7 @@ class CallRoutes:
         self.redecodes = RedecodeRouters()
         self._setup_paid = False
 
-    def setup_paid(self) -> None:
+    def mark_setup_paid(self) -> None:
         """The loop's one-time setup is done: the greedy and sampling routers' first probes
         need not wait for ``generate()`` seconds any more (``FIRST_PROBE_SECONDS``)."""
         self._setup_paid = True
@@ -371,7 +371,7 @@ class CallRoutes:
         previous = None if checked.sampling else recall()
         router = self.router_for(checked, previous)
         wait = checked.sampling and seeded
-        loop = router.speculate(len(prompts)) if ask_router and not wait else True
+        loop = router.use_loop(len(prompts)) if ask_router and not wait else True
         return Route(
             options=checked, previous=None if previous is None else tuple(previous), router=router, loop=loop, wait=wait
         )
@@ -399,7 +399,7 @@ class EngineRouter:
 
     def use_patched(self, batch_size: int) -> bool:
         """Whether the next greedy call with ``batch_size`` rows should run on the patched runtime."""
-        return self.measure and self.timing.speculate(batch_size)
+        return self.measure and self.timing.use_loop(batch_size)
 
     def record(self, patched: bool, batch_size: int, seconds: float, tokens: int) -> None:
         """Fold one call into the running costs (as ``CallRouter.record``)."""

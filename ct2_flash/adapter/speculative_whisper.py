@@ -29,12 +29,12 @@ from ct2_flash.adapter.routing import (
 )
 from ct2_flash.drafting.base import Drafter
 from ct2_flash.drafting.files import CheckpointError
+from ct2_flash.drafting.hypothesis import HypothesisDrafter, ends_in_loop
 from ct2_flash.loop.clock import Stopwatch
 from ct2_flash.loop.decoding import SpeculativeDecoder
 from ct2_flash.loop.options import DecodingOptions
 from ct2_flash.loop.stats import SpecStats
 from ct2_flash.loop.target import PromptLayout, host_array, on_device_of
-from ct2_flash.redecodes.hypothesis import HypothesisDrafter, ends_in_loop
 from ct2_flash.redecodes.memory import Fingerprint, RecentWindows, remembered_tokens, window_fingerprint
 
 logger = logging.getLogger("ct2_flash")
@@ -174,7 +174,7 @@ class SpeculativeWhisper:
         # pays follows how much of the buffer it covers.
         self.recent = RecentWindows() if redecodes else None
         self._loop = threading.Lock()  # held by the one call in the speculative loop
-        self._counting = threading.Lock()  # counters and policies touched outside the loop
+        self._counting = threading.Lock()  # counters and routers touched outside the loop
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
@@ -233,7 +233,7 @@ class SpeculativeWhisper:
         if route.ineligible is not None:
             self._log_ineligible(route.ineligible)
             with self._counting:
-                self.stats.fallback_calls += 1
+                self.stats.unchanged_calls += 1
             return self.engines.generate(window.output, prompts, engine=route.engine, **kwargs)
         options = route.options
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
@@ -256,7 +256,7 @@ class SpeculativeWhisper:
         with self._counting:
             self.stats.redecodes += int(route.previous is not None)
             if not in_loop:
-                self.stats.generate_rows += len(prompts)
+                self.stats.rows_in_generate += len(prompts)
                 # A continuation's loop part is the loop's own time (its timers): booked once.
                 self.stats.generate_seconds += watch.seconds if continued is None else continued
                 self.stats.busy_calls += int(route.loop)
@@ -354,7 +354,7 @@ class SpeculativeWhisper:
         if not self._drafter_opens():
             return False
         with self._counting:
-            self.routes.setup_paid()
+            self.routes.mark_setup_paid()
         return True
 
     def _drafter_opens(self) -> bool:
@@ -396,12 +396,16 @@ class SpeculativeWhisper:
         """The rows of a call decoded in the loop, by a ``HypothesisDrafter`` around the model's
         drafter: it offers ``previous`` (the previous hypothesis of a one-row call's window, or
         the tokens ``generate()`` made before it stopped), and each row's own repeats."""
-        if not isinstance(self.decoder.drafter, HypothesisDrafter):
-            special = self.decoder.runtime.special
-            drafter = HypothesisDrafter(self.decoder.drafter, special.timestamp_begin, special.eot)
-            drafter.remember(previous)
-            with self.decoder.use_drafter(drafter, self.decoder.adaptive):
-                return self._speculative_rows(window, prompts, options, kwargs)
+        if isinstance(self.decoder.drafter, HypothesisDrafter):  # a caller's own: it offers as it is
+            return self._decoded_rows(window, prompts, options, kwargs)
+        special = self.decoder.runtime.special
+        drafter = HypothesisDrafter(self.decoder.drafter, special.timestamp_begin, special.eot)
+        drafter.remember(previous)
+        with self.decoder.use_drafter(drafter, self.decoder.adaptive):
+            return self._decoded_rows(window, prompts, options, kwargs)
+
+    def _decoded_rows(self, window: EncodedWindow, prompts, options: DecodingOptions, kwargs: Dict[str, Any]) -> list:
+        """The rows of a call, one at a time, by the loop with the drafter it holds now."""
         frames = window.frames
         encoder_output = self.engines.local(window.output)  # the worker's copy, if it encoded
         rows = host_array(encoder_output) if len(prompts) > 1 else None

@@ -107,7 +107,8 @@ class FlashWhisperModel(WhisperModel):
             directory. Nothing is ever downloaded.
         *args, **kwargs: every ``WhisperModel`` constructor argument (device, compute_type,
             cpu_threads, ...).
-        drafter: a ``Drafter``, or the directory of a Whisper-Flash drafter: a converted one
+        drafter: a ``Drafter``, a name (``"builtin"``: ``PromptLookupDrafter``; ``"oracle"``:
+            the target's own greedy output, for tests), or the directory of a Whisper-Flash drafter: a converted one
             (``ct2-flash convert-drafter``; its ONNX graphs run in ONNX Runtime) or a training
             checkpoint (``drafter.json`` + ``drafter.safetensors``, run in PyTorch, which needs
             the ``[train]`` extra). None uses the drafter shipped for this model if there is
@@ -450,7 +451,7 @@ class FlashWhisperModel(WhisperModel):
         draft-length policy for the block).
 
         ``adaptive`` is off by default so that every call drafts every round: comparing
-        drafters wants them exercised, not the timing-dependent policy and the draft pause.
+        drafters wants them exercised, not the timing-dependent router and the draft pause.
         """
         return self.decoder.use_drafter(drafter, adaptive, num_draft_tokens, lengths)
 

@@ -7,24 +7,21 @@ wrong at one token in ten), the exported round's precisions and cuts (``precisio
 ``min_confidence=0``, ``audio_window=none``), the PyTorch round's tricks (``runtime=pytorch``,
 ``precision=bfloat16``, ``use_shortlist=false``) and checkpoints compared at default settings.
 
-Specs:
+Specs are what ``drafting.kinds.open_drafter`` takes (the one registry):
     None: the model's shipped drafter (or ``PromptLookupDrafter`` when it has none);
     "builtin": ``PromptLookupDrafter``;
-    "oracle": ``validation.drafters.OracleDrafter`` on a copy of the target (its own greedy output);
+    "oracle": ``drafting.reference.OracleDrafter`` on a copy of the target (its own greedy output);
     a directory: a converted drafter (``OnnxDrafter``) or a training checkpoint (``FlashDrafter``,
         also chosen for a converted one with the option ``runtime=pytorch``).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional, Tuple
 
-from ct2_flash.drafting.kinds import checked_options, kind_named, kind_of, shipped_drafter
-from ct2_flash.drafting.prompt_lookup import PromptLookupDrafter
+from ct2_flash.drafting.kinds import NAMED, ORACLE, open_drafter
 
-ORACLE = "oracle"
-BUILTIN = "builtin"
+__all__ = ["ORACLE", "build_drafter", "parse_option"]
 
 
 def parse_option(text: str) -> Tuple[str, Any]:
@@ -60,31 +57,11 @@ def build_drafter(
     compute_type: str = "default",
     threads: int = 0,
 ):
-    """The drafter for ``FlashWhisperModel(drafter=...)``: ``spec`` itself when there are no
-    options (the model resolves it as users' code does), otherwise the Drafter built with them.
-    The oracle asks a CTranslate2 model of its own, loaded here with the target's
-    ``compute_type`` and ``threads``, for the target's greedy output (the model runs it with
-    ``adaptive=False``: it shows the loop's ceiling, so no call may go to ``generate()``)."""
-    options = dict(options)
-    # Each kind imports its own engine here: ONNX Runtime, PyTorch or a second CTranslate2
-    # model load only for the drafter a run asks for.
-    if spec == ORACLE:
-        import ctranslate2
-
-        from ct2_flash.validation.drafters import OracleDrafter
-
-        reference = ctranslate2.models.Whisper(
-            model_path, device="cpu", compute_type=compute_type, intra_threads=threads
-        )
-        return OracleDrafter(reference, **checked_options(OracleDrafter, options, skip=("reference_model",)))
-    if spec == BUILTIN:
-        return PromptLookupDrafter(**checked_options(PromptLookupDrafter, options))
-    if not options:
+    """The drafter for ``FlashWhisperModel(drafter=...)``: ``spec`` itself where it names no
+    drafter in ``NAMED`` and there are no options (the model resolves it as users' code does),
+    otherwise the drafter the one registry builds (``drafting.kinds.open_drafter``). The oracle
+    gets a CTranslate2 model of its own, loaded with the target's ``compute_type`` and
+    ``threads``."""
+    if not options and spec not in NAMED:
         return spec
-    directory = spec or shipped_drafter(model_name, model_path)
-    if not os.path.isfile(os.path.join(directory, "drafter.json")):
-        raise ValueError(
-            f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {directory!r} is not one"
-        )
-    kind = kind_named(options.pop("runtime")) if "runtime" in options else kind_of(directory)
-    return kind.open(directory, model_path, **options)
+    return open_drafter(spec, model_name, model_path, compute_type, options, threads)

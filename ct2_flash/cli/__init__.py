@@ -2,7 +2,12 @@
 ``transcribe`` writes transcripts of files, ``bench`` measures both on many files, ``stream`` replays a file as a
 live stream, ``convert-drafter`` exports a trained drafter for the runtime, ``adapt`` fine-tunes the drafter on a
 user's own recordings, ``run`` runs a faster-whisper client with ct2-flash in place of its
-``WhisperModel``, ``fetch-speech`` downloads the real-speech sets."""
+``WhisperModel``, ``fetch-speech`` downloads the real-speech sets.
+
+Modules: one per subcommand, each with its parser and its handler (``demo``, ``transcribe``,
+``bench``, ``stream``, ``convert`` for ``convert-drafter``, ``adapt``, ``fetch`` for
+``fetch-speech``, ``run``, ``hook`` for ``ct2-flash hook``), and ``common``, what several share.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ SUBCOMMANDS = (demo, transcribe, bench, stream, convert, adapt, fetch, run, hook
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command")
     for subcommand in SUBCOMMANDS:
         subcommand.add_parser(commands)

@@ -61,7 +61,7 @@ def _add_model_options(bench) -> None:
     bench.add_argument(
         "--draft-every-round",
         action="store_true",
-        help="no policy: every call drafts every round (measures the loop, not the default model)",
+        help="no router: every call drafts every round (measures the loop, not the default model)",
     )
     bench.add_argument(
         "--near-exact",

@@ -141,12 +141,12 @@ def _print_calls(flash) -> None:
     stats = flash.spec_stats
     if flash.model.inexact_reason is not None:
         print(
-            f"calls: {stats.fallback_calls} through CTranslate2's generate(): {flash.model.inexact_reason} "
+            f"calls: {stats.unchanged_calls} through CTranslate2's generate(): {flash.model.inexact_reason} "
             "(--compute-type float32 runs the exact loop; --near-exact runs this one anyway)"
         )
     else:
         print(
-            f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate() "
+            f"calls: {stats.rows_in_loop} speculative, {stats.rows_in_generate} through CTranslate2's generate() "
             "(the call router's choice until speculation is measured, a few calls in, and wherever it measured slower)"
         )
     if stats.target_calls:

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
             "tokens_per_target_call": stats.tokens_per_call,
             "offered": stats.offered,
             "offered_accepted": stats.offered_accepted,
-            "rows_in_loop": stats.generate_calls,
-            "rows_in_generate": stats.generate_rows,
+            "rows_in_loop": stats.rows_in_loop,
+            "rows_in_generate": stats.rows_in_generate,
         }
         model.model.engines.close()
     result = document["summary"]

@@ -312,8 +312,8 @@ def _print_calls(model) -> None:
         return
     stats = model.spec_stats
     print(
-        f"calls: {stats.generate_calls} speculative, {stats.generate_rows} through CTranslate2's generate(), "
-        f"{stats.fallback_calls} not speculative"
+        f"calls: {stats.rows_in_loop} speculative, {stats.rows_in_generate} through CTranslate2's generate(), "
+        f"{stats.unchanged_calls} not speculative"
         + (
             f"; {stats.tokens_per_call:.2f} tokens per target call, acceptance {stats.acceptance_rate:.1%}"
             if stats.target_calls

@@ -1,8 +1,16 @@
-"""Which drafter a model decodes with: the drafter shipped for it, prompt lookup where none is,
-or a directory the user names, opened by the first kind of drafter that recognises it.
+"""Which drafter a model decodes with: the one registry that ``FlashWhisperModel``, the command
+line and the bench all resolve a drafter through.
 
-A kind is a name, a test of a drafter directory and how to open one. ``KINDS`` lists them in
-the order they are tried; adding a kind of drafter is one entry there.
+A drafter is named one of four ways: a ``Drafter`` given as it is; a name in ``NAMED``
+(``"builtin"``: prompt lookup; ``"oracle"``: the target's own greedy output, for tests and the
+loop's ceiling); None, for the drafter shipped for the model (prompt lookup where none is); or a
+directory, opened by the first kind of drafter directory that recognises it (``KINDS``: ONNX
+graphs, a PyTorch checkpoint). The previous hypothesis of a re-decode
+(``hypothesis.HypothesisDrafter``) is not chosen here: the adapter wraps whichever drafter this
+gives around each re-decode.
+
+Adding a drafter that needs no directory is one entry in ``NAMED``; adding a kind of drafter
+directory is one entry in ``KINDS``.
 """
 
 from __future__ import annotations
@@ -82,6 +90,29 @@ def _open_checkpoint(directory: str, model_path: str, **options) -> Drafter:
     )
 
 
+def _builtin(model_path: str, compute_type: Optional[str], threads: int, **options) -> Drafter:
+    return PromptLookupDrafter(**checked_options(PromptLookupDrafter, options))
+
+
+def _oracle(model_path: str, compute_type: Optional[str], threads: int, **options) -> Drafter:
+    """``reference.OracleDrafter`` on a CTranslate2 model of its own, at the target's compute
+    type and threads: it proposes the target's greedy output (run it with ``adaptive=False``:
+    it shows the loop's ceiling, so no call should go to ``generate()``)."""
+    import ctranslate2  # here: a second model loads only for the oracle
+
+    from ct2_flash.drafting.reference import OracleDrafter
+
+    reference = ctranslate2.models.Whisper(
+        model_path, device="cpu", compute_type=compute_type or "default", intra_threads=threads
+    )
+    return OracleDrafter(reference, **checked_options(OracleDrafter, options, skip=("reference_model",)))
+
+
+BUILTIN, ORACLE = "builtin", "oracle"
+# Drafters named rather than found in a directory: name -> (model_path, compute_type, threads,
+# **options) -> the drafter.
+NAMED: Dict[str, Callable[..., Drafter]] = {BUILTIN: _builtin, ORACLE: _oracle}
+
 # Tried in order: a converted drafter (its ONNX graphs), else a training checkpoint.
 KINDS = (
     DrafterKind("onnx", _has_graphs, _open_onnx),
@@ -109,24 +140,48 @@ def shipped_drafter(name: str, model_path: str) -> str:
 
 
 def open_drafter(
-    drafter: Union[Drafter, str, None], name: str, model_path: str, compute_type: Optional[str] = None
+    drafter: Union[Drafter, str, None],
+    name: str,
+    model_path: str,
+    compute_type: Optional[str] = None,
+    options: Optional[Dict[str, Any]] = None,
+    threads: int = 0,
 ) -> Drafter:
     """The drafter ``FlashWhisperModel(name, drafter=drafter)`` decodes with (``load_drafter``
-    says what ``drafter`` may be); ``model_path`` is the resolved model directory."""
+    says what ``drafter`` may be); ``model_path`` is the resolved model directory.
+
+    Args:
+        options: options of the drafter's constructor (the bench's ``--drafter-option``), for
+            a named drafter or a Whisper-Flash directory (``runtime=`` picks its kind by name).
+        threads: a named drafter's engine threads (the oracle's model).
+    """
+    options = dict(options or {})
     if isinstance(drafter, Drafter):
+        if options:
+            raise ValueError(f"drafter options {sorted(options)} apply to a drafter built here, not to a given one")
         return drafter
+    if isinstance(drafter, str) and drafter in NAMED:
+        return NAMED[drafter](model_path, compute_type, threads, **options)
     if drafter is None:
         drafter = shipped_drafter(name, model_path)
         if not os.path.isfile(os.path.join(drafter, "drafter.json")):
+            if options:
+                raise ValueError(
+                    f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {name!r} has none shipped"
+                )
             return PromptLookupDrafter()
     if not isinstance(drafter, str):
         raise TypeError(
-            f"drafter must be a ct2_flash.Drafter, a checkpoint directory or None, not {type(drafter).__name__}"
+            f"drafter must be a ct2_flash.Drafter, one of {sorted(NAMED)}, a checkpoint directory or None, "
+            f"not {type(drafter).__name__}"
         )
     if not os.path.isdir(drafter):
         raise CheckpointError(f"drafter directory {drafter!r} does not exist")
+    if options and not os.path.isfile(os.path.join(drafter, "drafter.json")):
+        raise ValueError(f"drafter options {sorted(options)} need a Whisper-Flash drafter, and {drafter!r} is not one")
     check_adapted(drafter, model_path, compute_type)
-    return kind_of(drafter).open(drafter, model_path)
+    kind = kind_named(options.pop("runtime")) if "runtime" in options else kind_of(drafter)
+    return kind.open(drafter, model_path, **options)
 
 
 def load_drafter(
@@ -136,7 +191,7 @@ def load_drafter(
 
     Args:
         drafter: None for the drafter shipped for the model (prompt lookup where none is), a
-            converted drafter directory, an unconverted training checkpoint (PyTorch, slower),
+            name in ``NAMED`` ("builtin", "oracle"), a converted drafter directory, an unconverted training checkpoint (PyTorch, slower),
             or a ``Drafter``, returned as it is.
         model: a model name (``available_models()``) or a CTranslate2 model directory.
         compute_type: the engine's compute type (``model.compute_type``) the drafter will serve;

@@ -19,7 +19,7 @@ the output.
 
 ONNX Runtime opens the graphs where the loop is first about to run (``prepare``, which the
 model calls before the call's first window; ``begin`` otherwise), not when the drafter is made:
-most calls never reach the loop (beam search, int8, the policy's choice), and importing ONNX
+most calls never reach the loop (beam search, int8, the router's choice), and importing ONNX
 Runtime and opening three sessions was the larger part of a float32 model's build
 (docs/measurements.md, "Start-up"). A damaged graph is still refused at construction:
 ``export.json`` records each graph's SHA-256, checked there, and what each graph takes and

@@ -294,9 +294,9 @@ def stats() -> Dict[str, Any]:
     total = {
         key: sum(row[key] for row in rows)
         for key in (
-            "generate_calls",
-            "generate_rows",
-            "fallback_calls",
+            "rows_in_loop",
+            "rows_in_generate",
+            "unchanged_calls",
             "target_calls",
             "emitted",
             "proposed",
@@ -305,9 +305,9 @@ def stats() -> Dict[str, Any]:
     }
     return {
         "models": rows,
-        "speculative_rows": total["generate_calls"],
-        "generate_rows": total["generate_rows"],
-        "unchanged_calls": total["fallback_calls"],
+        "speculative_rows": total["rows_in_loop"],
+        "generate_rows": total["rows_in_generate"],
+        "unchanged_calls": total["unchanged_calls"],
         "target_calls": total["target_calls"],
         "tokens_per_target_call": total["emitted"] / total["target_calls"] if total["target_calls"] else 0.0,
         "acceptance": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,

@@ -17,10 +17,10 @@ rejection the recovered token is drawn from the residual max(0, p_j - q_j), reno
 after a fully accepted block the bonus token from p_n. Every emitted token is then distributed
 exactly as if it had been sampled from the target alone, whatever the drafter proposes.
 
-The loop does not branch on the options of either: it picks a strategy per call and passes it
-in (``GreedyAcceptance``: the rule with the guard's thresholds; ``SampledAcceptance``). Both
+The loop does not branch on the options of either: it picks a rule per call and passes it
+in (``GreedyRule``: greedy, with the guard's thresholds; ``SamplingRule``). Both
 take a ``Draft`` (what is verified, ``drafts``) and a ``BlockChoice`` (the target's rows after
-the logit rules) and return an ``Acceptance``. What is verified is made elsewhere
+the logit rules) and return a ``RoundOutcome``. What is verified is made elsewhere
 (``drafts``), and what the cache keeps after an unsure row is the guard's (``guard``).
 """
 
@@ -38,7 +38,7 @@ from ct2_flash.loop.options import DecodingOptions
 
 
 @dataclass(frozen=True)
-class Acceptance:
+class RoundOutcome:
     """Outcome of one verified block.
 
     Attributes:
@@ -62,7 +62,7 @@ def greedy_accept(
     draft_tokens: Sequence[int],
     target_token: Callable[[int], Optional[int]],
     eot: int,
-) -> Acceptance:
+) -> RoundOutcome:
     """Keep the longest draft prefix the target agrees with.
 
     Args:
@@ -75,13 +75,13 @@ def greedy_accept(
     for j, draft in enumerate(draft_tokens):
         choice = target_token(j)
         if choice is None:
-            return Acceptance(accepted=j, next_token=None, unsure=True)
+            return RoundOutcome(accepted=j, next_token=None, unsure=True)
         if choice != draft:
-            return Acceptance(accepted=j, next_token=choice)
+            return RoundOutcome(accepted=j, next_token=choice)
         if choice == eot:
-            return Acceptance(accepted=j + 1, next_token=None)
+            return RoundOutcome(accepted=j + 1, next_token=None)
     choice = target_token(len(draft_tokens))
-    return Acceptance(accepted=len(draft_tokens), next_token=choice, unsure=choice is None)
+    return RoundOutcome(accepted=len(draft_tokens), next_token=choice, unsure=choice is None)
 
 
 def sample_accept(
@@ -90,7 +90,7 @@ def sample_accept(
     draft_probs: Callable[[int], Optional[np.ndarray]],
     uniforms: Callable[[int], Tuple[float, float]],
     eot: int,
-) -> Acceptance:
+) -> RoundOutcome:
     """Speculative sampling over one verified block (see the module docstring).
 
     A draft the drafter proposed outright is judged by drawing the target's own token with the
@@ -117,20 +117,20 @@ def sample_accept(
         if q is None:
             token = draw(p, u_draw)
             if token != draft:
-                return Acceptance(accepted=j, next_token=token)
+                return RoundOutcome(accepted=j, next_token=token)
         # Accept with probability min(1, p / q); a draft its own distribution gave no mass is
         # rejected.
         elif not (q[draft] > 0 and u_accept * q[draft] < p[draft]):
             residual = np.maximum(p - q, 0.0)
-            return Acceptance(accepted=j, next_token=draw(residual if residual.sum() > 0 else p, u_draw))
+            return RoundOutcome(accepted=j, next_token=draw(residual if residual.sum() > 0 else p, u_draw))
         if draft == eot:
-            return Acceptance(accepted=j + 1, next_token=None)
-    return Acceptance(
+            return RoundOutcome(accepted=j + 1, next_token=None)
+    return RoundOutcome(
         accepted=len(draft_tokens), next_token=draw(target_probs(len(draft_tokens)), uniforms(len(draft_tokens))[1])
     )
 
 
-class GreedyAcceptance:
+class GreedyRule:
     """Greedy decoding: keep the longest draft prefix the target agrees with (and the guard
     trusts: ``guard.Guard``'s thresholds); the target's own token at the first disagreement."""
 
@@ -139,7 +139,7 @@ class GreedyAcceptance:
     def __init__(self, guard: Guard, eot: int) -> None:
         self.guard, self._eot = guard, eot
 
-    def accept(self, draft: Draft, choice: BlockChoice, start: int) -> Acceptance:
+    def accept(self, draft: Draft, choice: BlockChoice, start: int) -> RoundOutcome:
         drafts = draft.tokens
         # Margins cost another pass over the rows, so only the rows acceptance reads get them:
         # up to the first mismatch (an accepted end-of-text ends the rows read).
@@ -159,7 +159,7 @@ class GreedyAcceptance:
         )
 
 
-class SampledAcceptance:
+class SamplingRule:
     """Temperature sampling: the rejection rule of speculative sampling (``sample_accept``)
     over the target's sampling distributions, with uniforms fixed per output position.
 
@@ -174,7 +174,7 @@ class SampledAcceptance:
     def __init__(self, options: DecodingOptions, uniforms: np.ndarray, eot: int) -> None:
         self.options, self.uniforms, self._eot = options, uniforms, eot
 
-    def accept(self, draft: Draft, choice: BlockChoice, start: int) -> Acceptance:
+    def accept(self, draft: Draft, choice: BlockChoice, start: int) -> RoundOutcome:
         options = self.options
         return sample_accept(
             draft.tokens,

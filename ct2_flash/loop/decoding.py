@@ -26,7 +26,7 @@ import numpy as np
 
 from ct2_flash.drafting.base import Drafter, DraftWindow, Proposal
 from ct2_flash.loop import draft_pause, row_scores
-from ct2_flash.loop.acceptance import Acceptance, GreedyAcceptance, SampledAcceptance
+from ct2_flash.loop.acceptance import GreedyRule, RoundOutcome, SamplingRule
 from ct2_flash.loop.clock import RoundClock, TimedDrafter, TimedTarget, call_bookkeeping, timed_prefill
 from ct2_flash.loop.draft_lengths import MAX_OFFERED, DraftLengths
 from ct2_flash.loop.drafts import Draft, DrawnDrafts, ProposedDrafts
@@ -340,10 +340,10 @@ class SpeculativeDecoder:
                 clock.start()
                 draft, outcome = self._round(state, target, drafter)
                 self._learn(state, draft, outcome, clock)
-            stats.generate_calls += 1
+            stats.rows_in_loop += 1
         # CTranslate2 keeps no end-of-text in hypotheses, even one forced by a prefix.
         tokens = [token for token in state.generated if token != special.eot]
-        score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.sampled else 0.0
+        score = _normalise(state.log_prob_sum, len(tokens), options.length_penalty) if state.chose_token else 0.0
         return DecodeResult(tokens=tokens, score=score, no_speech_prob=no_speech_prob)
 
     def _strategies(self, state: "_Decoding", options: DecodingOptions, positions: int) -> None:
@@ -353,7 +353,7 @@ class SpeculativeDecoder:
         eot = self.runtime.special.eot
         if not options.sampling:
             state.guard = Guard(self._guard_rows)
-            state.strategy, state.drafts = GreedyAcceptance(state.guard, eot), ProposedDrafts()
+            state.rule, state.drafts = GreedyRule(state.guard, eot), ProposedDrafts()
             return
         state.guard = Guard(np.zeros(1))  # a sampled row's distribution is used as verified
         # [position in generated, 2]: the acceptance test's and the draw's uniform; drafts
@@ -361,10 +361,10 @@ class SpeculativeDecoder:
         uniforms = np.random.default_rng([self._entropy, self._sampled_calls]).random((positions, 2))
         draft_uniforms = np.random.default_rng([self._entropy, self._sampled_calls, 1]).random(positions)
         self._sampled_calls += 1
-        state.strategy = SampledAcceptance(options, uniforms, eot)
+        state.rule = SamplingRule(options, uniforms, eot)
         state.drafts = DrawnDrafts(options, draft_uniforms) if self.draw_drafts else ProposedDrafts()
 
-    def _round(self, state: "_Decoding", target: TimedTarget, drafter: TimedDrafter) -> Tuple[Draft, Acceptance]:
+    def _round(self, state: "_Decoding", target: TimedTarget, drafter: TimedDrafter) -> Tuple[Draft, RoundOutcome]:
         """One round: propose -> verify -> accept -> roll back -> advance."""
         resumed = state.resumes_drafting()
         if resumed:
@@ -445,7 +445,7 @@ class SpeculativeDecoder:
         state.drafting = True
         state.resume_at = math.inf
 
-    def _learn(self, state: "_Decoding", draft: Draft, outcome: Acceptance, clock: RoundClock) -> None:
+    def _learn(self, state: "_Decoding", draft: Draft, outcome: RoundOutcome, clock: RoundClock) -> None:
         """After a round: its counters, what ``DraftLengths`` and the guard learn from
         it, and the pause's verdict on drafting in this window."""
         stats = self.stats
@@ -484,7 +484,7 @@ class SpeculativeDecoder:
             state.resume_at = draft_pause.resume_position(len(state.generated))
             stats.windows_drafting_stopped += 1
 
-    def _offered_end(self, draft: Draft, outcome: Acceptance) -> str:
+    def _offered_end(self, draft: Draft, outcome: RoundOutcome) -> str:
         """What ended an offered round (``SpecStats.offered_ends``)."""
         if outcome.unsure:
             return "unsure"
@@ -507,14 +507,14 @@ class _Decoding:
 
     rules: LogitRules
     generated: List[int]  # forced prefix, then sampled tokens; the last one is the anchor
-    strategy: object = None  # GreedyAcceptance or SampledAcceptance (``acceptance``)
+    rule: object = None  # GreedyRule or SamplingRule (``acceptance``)
     drafts: object = None  # ProposedDrafts or DrawnDrafts (``drafts``)
     guard: Optional[Guard] = None
     steps_left: int = 0
     lengths: bool = False  # draft lengths follow measured costs (Adaptive.draft_lengths)
     pausing: bool = False  # DraftPause may pause drafting (Adaptive.pause_drafting)
     log_prob_sum: float = 0.0
-    sampled: bool = False
+    chose_token: bool = False  # a round has added a token after the forced prefix
     drafting: bool = True
     pause: draft_pause.DraftPause = field(default_factory=draft_pause.DraftPause)
     resume_at: float = math.inf  # len(generated) at which stopped drafting is probed again
@@ -522,13 +522,13 @@ class _Decoding:
 
     @property
     def finished(self) -> bool:
-        return self.steps_left <= 0 or (self.sampled and self.generated[-1] == self.rules.special.eot)
+        return self.steps_left <= 0 or (self.chose_token and self.generated[-1] == self.rules.special.eot)
 
     def resumes_drafting(self) -> bool:
         """Drafting stopped in this window and its probe is due."""
         return not self.drafting and len(self.generated) >= self.resume_at
 
-    def accept(self, draft: Draft, logits: np.ndarray) -> Acceptance:
+    def accept(self, draft: Draft, logits: np.ndarray) -> RoundOutcome:
         """Accept drafts against the target's rows and append what the round produces.
 
         Args:
@@ -538,9 +538,9 @@ class _Decoding:
         """
         # Greedy acceptance reads rows only up to the first mismatch: the rules may stop there.
         choice = self.rules.choose_block(
-            logits, self.generated, draft.tokens, until_mismatch=not self.strategy.reads_all_rows
+            logits, self.generated, draft.tokens, until_mismatch=not self.rule.reads_all_rows
         )
-        outcome = self.strategy.accept(draft, choice, len(self.generated))
+        outcome = self.rule.accept(draft, choice, len(self.generated))
         emitted = list(draft.tokens[: outcome.accepted])
         if outcome.next_token is not None:
             emitted.append(outcome.next_token)
@@ -548,7 +548,7 @@ class _Decoding:
         # Rows 0 .. emitted - 1 gave the emitted tokens (an accepted end-of-text is its own row).
         self.log_prob_sum += float(np.sum(choice.log_probs(emitted), dtype=np.float64)) if emitted else 0.0
         self.steps_left -= len(emitted)
-        self.sampled = True
+        self.chose_token = True
         return outcome
 
 

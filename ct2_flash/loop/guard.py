@@ -1,6 +1,7 @@
-"""The int8 guard: a row of a multi-token pass too close to call is decided again by a single
+"""The margin guard: a row of a multi-token pass too close to call is decided again by a single
 pass, the computation plain greedy does; what the cache keeps and whether the next round may
-draft follow from it."""
+draft follow from it. It runs at every compute type where its margins (``guard_margin``) are
+above zero, not only at int8."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ct2_flash.loop.acceptance import Acceptance
+    from ct2_flash.loop.acceptance import RoundOutcome
 
 
 class Guard:
-    """The int8 guard: a verified row too close to call is decided again by a single pass
+    """The margin guard: a verified row too close to call is decided again by a single pass
     (all-zero margins turn it off, as under sampling, whose rows are used as verified).
 
     The decision and both of its effects live here. A row of a multi-token pass whose greedy
@@ -34,12 +35,12 @@ class Guard:
         """[rows] the margin each of the first ``rows`` rows must reach."""
         return self.margins[np.minimum(np.arange(rows), self.margins.size - 1)]
 
-    def cache_rows(self, outcome: Acceptance) -> int:
+    def cache_rows(self, outcome: RoundOutcome) -> int:
         """Positions of the verified block ``[anchor, d_1 ..]`` the cache keeps: the anchor and
         the accepted drafts, less the last of them after an unsure row."""
         return outcome.accepted + (0 if outcome.unsure else 1)
 
-    def after_round(self, outcome: Acceptance) -> None:
+    def after_round(self, outcome: RoundOutcome) -> None:
         self.single_pass_next = outcome.unsure
 
     def allows_drafts(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
 
@@ -29,17 +30,17 @@ class SpecStats:
             verify_seconds is the engine's (its passes and its cache rollbacks), other_seconds
             the loop's own bookkeeping (logit rules, acceptance, scores, state columns).
         generate_seconds: wall time of the greedy or sampled calls decoded by CTranslate2's
-            ``generate()`` instead of the loop (``generate_rows``), so that a time split can
+            ``generate()`` instead of the loop (``rows_in_generate``), so that a time split can
             tell them from the loop's bookkeeping.
-        generate_calls: speculative ``generate()`` rows decoded.
+        rows_in_loop: rows of ``generate()`` calls the speculative loop decoded.
         windows_drafting_stopped: times drafting did not pay in a row and was stopped.
         drafting_resumed: times stopped drafting was probed again later in its row.
         rows_rechecked: rows of multi-token passes too close to call, decided again by a
             single-token pass (``guard_margin``).
-        fallback_calls: ``generate()`` calls passed to CTranslate2 unchanged because the loop
+        unchanged_calls: ``generate()`` calls passed to CTranslate2 unchanged because the loop
             does not implement them (beam search, options it does not handle).
-        generate_rows: rows decoded by CTranslate2's ``generate()`` because speculation
-            measured slower (``routing.CallRouter``) or the loop was busy.
+        rows_in_generate: rows the loop could decode that CTranslate2's ``generate()`` decoded
+            because the loop measured slower (``routing.CallRouter``) or was busy.
         continued_rows: one-row greedy calls sent to ``generate()`` that outgrew their audio
             (``speculative_whisper.longest_plausible``) and were finished in the loop.
         redecodes: greedy calls whose window's audio the same thread decoded before (its
@@ -52,7 +53,7 @@ class SpecStats:
             (the first rejected position had a timestamp in the draft or the target's
             choice: a segment boundary that moved), "text" (a word said otherwise), "unsure"
             (a row too close to call, rechecked by a single step).
-        busy_calls: calls the policy sent to the loop that went to ``generate()`` because
+        busy_calls: calls the router sent to the loop that went to ``generate()`` because
             another thread was decoding in it.
         calibration: [K][bins] counts (judged, accepted) of draft positions by the drafter's
             confidence bin (``draft_lengths.DraftLengths.bins``), for the calibration plot;
@@ -73,12 +74,12 @@ class SpecStats:
     verify_seconds: float = 0.0
     other_seconds: float = 0.0
     generate_seconds: float = 0.0
-    generate_calls: int = 0
+    rows_in_loop: int = 0
     windows_drafting_stopped: int = 0
     drafting_resumed: int = 0
     rows_rechecked: int = 0
-    fallback_calls: int = 0
-    generate_rows: int = 0
+    unchanged_calls: int = 0
+    rows_in_generate: int = 0
     busy_calls: int = 0
     redecodes: int = 0
     continued_rows: int = 0
@@ -87,6 +88,27 @@ class SpecStats:
     offered_accepted: int = 0
     offered_ends: Dict[str, int] = field(default_factory=dict)
     calibration: List[List[List[int]]] = field(default_factory=list)
+
+    # The names these counters had before: readable for one more release, with a warning.
+    generate_calls = property(
+        lambda self: self._renamed("generate_calls", "rows_in_loop"),
+        lambda self, value: self._renamed("generate_calls", "rows_in_loop", value),
+    )
+    generate_rows = property(
+        lambda self: self._renamed("generate_rows", "rows_in_generate"),
+        lambda self, value: self._renamed("generate_rows", "rows_in_generate", value),
+    )
+    fallback_calls = property(
+        lambda self: self._renamed("fallback_calls", "unchanged_calls"),
+        lambda self, value: self._renamed("fallback_calls", "unchanged_calls", value),
+    )
+
+    def _renamed(self, old: str, new: str, value=None):
+        warnings.warn(f"SpecStats.{old} is now SpecStats.{new}", DeprecationWarning, stacklevel=3)
+        if value is None:
+            return getattr(self, new)
+        setattr(self, new, value)
+        return None
 
     @property
     def acceptance_rate(self) -> float:

@@ -4,7 +4,7 @@ A streaming client transcribes its whole buffer again every second or so as audi
 the window at the start of the buffer is decoded again with a second more audio at its end.
 ``RecentWindows`` keeps, per thread, the last few windows' fingerprints (their first second
 of log-mel features) and emitted tokens; a new window whose first second is the same audio
-finds its previous hypothesis, which ``redecodes.hypothesis.HypothesisDrafter`` proposes. A
+finds its previous hypothesis, which ``drafting.hypothesis.HypothesisDrafter`` proposes. A
 false match (two streams that start alike) only costs speed: every token is verified.
 """
 

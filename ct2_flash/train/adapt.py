@@ -383,8 +383,8 @@ def held_out_decodes(
         first = stats.proposed_by_position[0] if stats.proposed_by_position else 0
         results[name] = {
             "tokens_per_call": round(stats.tokens_per_call, 3),
-            "loop_rows": stats.generate_calls,
-            "generate_rows": stats.generate_rows + stats.fallback_calls,
+            "loop_rows": stats.rows_in_loop,
+            "generate_rows": stats.rows_in_generate + stats.unchanged_calls,
             "acceptance": round(stats.acceptance_rate, 4),
             "first_position_acceptance": round(stats.accepted_by_position[0] / first, 4) if first else None,
         }

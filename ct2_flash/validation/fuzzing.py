@@ -2,7 +2,7 @@
 
 A case is one clip, one draw of faster-whisper's options and one drafter (the shipped one, the
 oracle with 25% injected errors, or a random one). The speculative model drafts every round
-(no policy), so the loop decides every window it can; options the loop does not implement
+(no router), so the loop decides every window it can; options the loop does not implement
 (``repetition_penalty``, ``no_repeat_ngram_size``, beam search) must fall back to CTranslate2
 and say so. At float32 the segments must equal faster-whisper's: text, tokens, times and words
 exactly; scores and probabilities within 1e-4 (docs/exactness.md).
@@ -143,6 +143,6 @@ def run_case(
         **case,
         "identical": same_segments(got, expected),
         "segments": len(expected),
-        "speculative_rows": stats.generate_calls,
-        "fallback_calls": stats.fallback_calls,
+        "speculative_rows": stats.rows_in_loop,
+        "fallback_calls": stats.unchanged_calls,
     }
