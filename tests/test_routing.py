@@ -7,8 +7,11 @@ import pytest
 
 from ct2_flash import FlashWhisperModel
 from ct2_flash.adapter.routing import (
+    CONTINUED,
     FIRST_PROBE_INTERVAL,
     FIRST_PROBE_SECONDS,
+    GENERATE,
+    LOOP,
     MAX_PROBE_INTERVAL,
     CallRouter,
     RedecodeRouters,
@@ -418,3 +421,27 @@ def test_the_former_router_keywords_still_work_and_warn(model_path):
         FlashWhisperModel(
             model_path, stock_engine=False, compute_type="float32", policy=call_router, call_router=ForcedGenerate()
         )
+
+
+def test_each_call_is_served_one_way_and_booked_once(model_path, clips):
+    """``_serve`` says how each call went (``Served``: its way and its seconds) and ``_book``
+    counts it once: its rows where they ran, and generate()'s seconds only for generate()'s part."""
+    for router, ways in ((ForcedGenerate, {GENERATE, CONTINUED}), (ForcedSpeculation, {LOOP})):
+        flash = FlashWhisperModel(
+            model_path, stock_engine=False, compute_type="float32", cpu_threads=THREADS, call_router=router()
+        )
+        served = []
+        serve = flash.model._serve
+
+        def keeping(*args, serve=serve, served=served, **kwargs):
+            result, how = serve(*args, **kwargs)
+            served.append(how)
+            return result, how
+
+        flash.model._serve = keeping
+        segments_of(flash, clips["clip06_awb.ogg"], beam_size=1)
+        stats = flash.spec_stats
+        assert served and {how.way for how in served} <= ways, served
+        assert stats.rows_in_loop + stats.rows_in_generate == len(served)  # one row a call
+        assert stats.generate_seconds == pytest.approx(sum(how.generate_seconds for how in served))
+        assert all(how.seconds == how.generate_seconds + how.loop_seconds > 0 for how in served)

@@ -430,3 +430,46 @@ def test_the_shipped_drafter_loads_only_where_the_loop_runs(model_path, tmp_path
     assert isinstance(named.drafter, OnnxDrafter)
     with pytest.raises(CheckpointError):
         FlashWhisperModel(model_path, compute_type="int8", drafter=str(tmp_path / "missing"), **common)
+
+
+def test_features_on_one_blas_thread_are_the_same_bytes(model_path, clips):
+    """The model computes faster-whisper's log-mel features with numpy's BLAS on one thread
+    (``OneThreadFeatures``: its threads would spin on the engine's cores); they are the bytes
+    faster-whisper's own extractor gives on two, from any number of threads at once, and BLAS
+    is left as it was."""
+    import threading
+
+    from faster_whisper.feature_extractor import FeatureExtractor
+    from threadpoolctl import ThreadpoolController
+
+    from ct2_flash import FlashWhisperModel
+    from ct2_flash.adapter.audio import OneThreadFeatures
+
+    flash = FlashWhisperModel(model_path, stock_engine=False, compute_type="int8")
+    assert isinstance(flash.feature_extractor, OneThreadFeatures)
+    assert flash.feature_extractor.n_samples == FeatureExtractor().n_samples  # its attributes read through
+    blas = ThreadpoolController().select(user_api="blas")
+    with blas.limit(limits=2):
+        assert {info["num_threads"] for info in blas.info()} == {2}
+        expected = {name: FeatureExtractor()(audio) for name, audio in clips.items()}
+    before = blas.info()
+    inner, seen, got = flash.feature_extractor.extractor, [], {}
+
+    def recording(*args, **kwargs):
+        seen.extend(info["num_threads"] for info in blas.info())
+        return inner(*args, **kwargs)
+
+    object.__setattr__(flash.feature_extractor, "extractor", recording)
+
+    def extract(name):
+        got[name] = flash.feature_extractor(clips[name])
+
+    threads = [threading.Thread(target=extract, args=(name,)) for name in clips]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(seen) == {1} and blas.info() == before
+    assert {name: array.tobytes() for name, array in got.items()} == {
+        name: array.tobytes() for name, array in expected.items()
+    }

@@ -9,5 +9,6 @@
 - ``engine_pair``: the two engines (the stock worker and the patched runtime) and which one
   serves a call outside the loop;
 - ``thread_split``: ``decoder_threads="auto"``;
-- ``audio``: audio checks and how much of a window holds audio.
+- ``audio``: audio checks, how much of a window holds audio, and the features computed with
+  numpy's BLAS on one thread.
 """

@@ -8,7 +8,8 @@ the VAD's ONNX graph or gives a meaningless transcript; int16 samples are taken 
 times too loud; a truncated or non-audio file fails somewhere in PyAV.
 
 Also what the rest of the package asks of a window's audio: how many of its encoder frames hold
-audio rather than padding (``audio_frames``).
+audio rather than padding (``audio_frames``); and faster-whisper's log-mel features computed
+with numpy's BLAS at one thread (``OneThreadFeatures``).
 """
 
 from __future__ import annotations
@@ -196,3 +197,47 @@ def audio_frames(features) -> Optional[List[int]]:
     columns = np.any(array != 0, axis=1)  # [batch, mel frames]
     last = np.where(columns.any(axis=1), array.shape[2] - np.argmax(columns[:, ::-1], axis=1), 0)
     return [int(-(-frames // 2)) for frames in last]
+
+
+_blas_lock = threading.Lock()
+_blas: Any = None  # numpy's BLAS libraries (threadpoolctl), found at the first call
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Inside the block, numpy's BLAS runs on one thread (``threadpoolctl``), one block at a time
+    across the process's threads: OpenBLAS's thread count is the whole process's, and
+    threadpoolctl lets one thread at a time change it (another thread's change is ignored while
+    one holds it). BLAS calls of other threads meanwhile run on one thread too."""
+    global _blas
+    with _blas_lock:
+        if _blas is None:
+            from threadpoolctl import ThreadpoolController
+
+            _blas = ThreadpoolController().select(user_api="blas")
+        with _blas.limit(limits=1):
+            yield
+
+
+class OneThreadFeatures:
+    """faster-whisper's ``FeatureExtractor`` (``extractor``), its log-mel features computed with
+    numpy's BLAS at one thread (``one_blas_thread``); every attribute is the extractor's.
+
+    The features' one matrix product (the mel filters over the power spectrum) runs in BLAS,
+    whose threads, left spinning for more work after it, take cores from the engine's work
+    (docs/measurements.md, "Batching"). The features are the same bytes on one thread as on
+    several (docs/exactness.md, "Features"; ``tests/test_whisper_model.py`` checks it).
+    """
+
+    def __init__(self, extractor) -> None:
+        object.__setattr__(self, "extractor", extractor)
+
+    def __call__(self, *args, **kwargs):
+        with one_blas_thread():
+            return self.extractor(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.extractor, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.extractor, name, value)

@@ -313,6 +313,32 @@ class Route:
     engine: Optional[str] = None
 
 
+# How a call was served, once it ran (``Served.way``).
+LOOP, GENERATE, CONTINUED, UNCHANGED = "loop", "generate()", "generate() then the loop", "unchanged"
+
+
+@dataclass(frozen=True)
+class Served:
+    """How one ``generate()`` call was served, once it ran (``SpeculativeWhisper._serve``), and
+    its seconds, each in exactly one place.
+
+    Attributes:
+        way: ``LOOP``; ``GENERATE`` (the router chose it, or the loop was busy or not ready);
+            ``CONTINUED`` (``generate()`` stopped a decode that outgrew its audio and the loop
+            finished it); ``UNCHANGED`` (a call the loop does not implement, ``Route.ineligible``).
+        generate_seconds: in CTranslate2's ``generate()``.
+        loop_seconds: in the loop.
+    """
+
+    way: str
+    generate_seconds: float = 0.0
+    loop_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.generate_seconds + self.loop_seconds
+
+
 class CallRoutes:
     """The ``CallRouter``s of one model: one for greedy calls (``greedy``, the caller's if
     given), one per sampling temperature and top-k (how often the target agrees with a draft

@@ -5,7 +5,11 @@ detect_language, align). ``FlashWhisperModel`` (``whisper_model.py``) puts a
 ``SpeculativeWhisper`` there, which forwards everything to the engines except ``generate()``
 calls with ``beam_size=1``, whose rows it decodes with the speculative loop where that pays.
 Each call's ``Route`` (``routing.py``: whether the loop may run it and why not, whether it pays,
-which engine serves it outside the loop) is made once, by ``SpeculativeWhisper.route``.
+which engine serves it outside the loop) is made once, by ``SpeculativeWhisper.route``; how
+it was served once it ran (``routing.Served``: the loop, ``generate()``, ``generate()`` then the
+loop, or unchanged, with its seconds) comes back from ``_serve`` with the results and is booked
+once, by ``_book``. Where the loop never runs (int8 without ``near_exact``, a GPU) every call is
+unchanged, and the stock worker may batch it with other threads' calls (``stock/batching.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from ct2_flash.adapter.audio import audio_frames, check_features
 from ct2_flash.adapter.engine_pair import Engines
 from ct2_flash.adapter.routing import (
     BEAM_SEARCH,
+    CONTINUED,
     EXACT_COMPUTE_TYPE,
+    GENERATE,
+    LOOP,
+    UNCHANGED,
     UNOPENED_DRAFTER,
     CallRouter,
     CallRoutes,
     Route,
+    Served,
     inexact_reason,
     produced_tokens,
 )
@@ -230,44 +239,54 @@ class SpeculativeWhisper:
         row by row and hypothesis by hypothesis, where their ``route`` says so."""
         window = self._window(features)
         route = self.route(window, prompts, kwargs)
+        results, served = self._serve(window, prompts, route, kwargs)
+        self._book(window, prompts, route, results, served)
+        return results
+
+    def _serve(self, window: EncodedWindow, prompts, route: Route, kwargs: Dict[str, Any]) -> Tuple[list, Served]:
+        """Run the call the way its ``route`` says, or the way left where the loop is busy or not
+        ready; its results, and how it was served (``Served``)."""
         if route.ineligible is not None:
             self._log_ineligible(route.ineligible)
-            with self._counting:
-                self.stats.unchanged_calls += 1
-            return self.engines.generate(window.output, prompts, engine=route.engine, **kwargs)
-        options = route.options
-        # Another thread in the loop: this call takes CTranslate2's way rather than wait.
-        held = in_loop = route.loop and self._loop.acquire(blocking=route.wait)
-        continued = None  # a call generate() began and the loop finished: generate()'s seconds
-        try:
-            if in_loop:
-                in_loop = self._loop_ready()
             with Stopwatch() as watch:
-                if in_loop:
-                    results = self._speculative_rows(window, prompts, options, kwargs, route.previous)
-                else:  # speculation measured slower (or is busy): the very call faster-whisper makes
-                    results, continued = self._generate_or_continue(window, prompts, route, kwargs)
+                results = self.engines.generate(window.output, prompts, engine=route.engine, **kwargs)
+            return results, Served(UNCHANGED, generate_seconds=watch.seconds)
+        # Another thread in the loop: this call takes CTranslate2's way rather than wait.
+        held = route.loop and self._loop.acquire(blocking=route.wait)
+        try:
+            if held and self._loop_ready():
+                with Stopwatch() as watch:
+                    results = self._speculative_rows(window, prompts, route.options, kwargs, route.previous)
+                return results, Served(LOOP, loop_seconds=watch.seconds)
         finally:
             if held:
                 self._loop.release()
-        tokens = produced_tokens(results)
+        # Speculation measured slower (or is busy): the very call faster-whisper makes.
+        return self._generate_or_continue(window, prompts, route, kwargs)
+
+    def _book(self, window: EncodedWindow, prompts, route: Route, results: list, served: Served) -> None:
+        """Count a call once, where it ran: its rows and seconds in ``stats``; its cost for its
+        router where it ran one way only and stopped short of its length limit; its tokens for
+        the next re-decode of its window."""
+        if served.way == UNCHANGED:
+            with self._counting:
+                self.stats.unchanged_calls += 1
+            return
+        options = route.options
         special = self.decoder.runtime.special
         budgets = [PromptLayout.of(prompt, special).max_steps(options.max_length) for prompt in prompts]
         with self._counting:
             self.stats.redecodes += int(route.previous is not None)
-            if not in_loop:
+            if served.way != LOOP:
                 self.stats.rows_in_generate += len(prompts)
-                # A continuation's loop part is the loop's own time (its timers): booked once.
-                self.stats.generate_seconds += watch.seconds if continued is None else continued
+                self.stats.generate_seconds += served.generate_seconds  # a continuation's loop part is the loop's
                 self.stats.busy_calls += int(route.loop)
-            # A continued call is part generate(), part loop: no measure of either for its router.
-            if continued is None and not ran_to_limit(results, budgets):
-                route.router.record(in_loop, len(prompts), watch.seconds, tokens)
+            if served.way != CONTINUED and not ran_to_limit(results, budgets):
+                route.router.record(served.way == LOOP, len(prompts), served.seconds, produced_tokens(results))
         fingerprint = None if options.sampling or self.recent is None else window.fingerprint
         if fingerprint is not None:  # whichever way it went, the next re-decode drafts from it
             decoded = results[0].sequences_ids[0]
             self.recent.remember(fingerprint, remembered_tokens(decoded, len(decoded) < budgets[0], special.eot))
-        return results
 
     def _log_ineligible(self, reason: str) -> None:
         """Say once per reason why calls go to ``generate()`` without the loop."""
@@ -290,9 +309,8 @@ class SpeculativeWhisper:
 
     def _generate_or_continue(
         self, window: EncodedWindow, prompts, route: Route, kwargs: Dict[str, Any]
-    ) -> Tuple[list, Optional[float]]:
-        """(the call's results, and where the loop finished it, the seconds ``generate()``
-        took before it, else None): ``generate()``, stopped where a one-row greedy decode outgrows its audio
+    ) -> Tuple[list, Served]:
+        """(the call's results, how it was served: ``GENERATE`` or ``CONTINUED``): ``generate()``, stopped where a one-row greedy decode outgrows its audio
         (``longest_plausible``) or, after a prompt that ends in a loop, early
         (``LOOPED_PROMPT_CAP``), and finished in the loop, which offers the tokens so far and
         then the decode's own repeats (``HypothesisDrafter``).
@@ -308,26 +326,30 @@ class SpeculativeWhisper:
         # A call routed to the loop that found it busy: its engine is chosen now.
         engine = route.engine or self.engines.engine_for(window.output, kwargs, len(prompts))
         capped = None if route.loop else self._continuation_cap(window, prompts, route.options)
-        if capped is None:
-            return self.engines.generate(window.output, prompts, engine=engine, **kwargs), None
-        cap, max_length = capped
         with Stopwatch() as watch:
-            results = self.engines.generate(
-                window.output, prompts, engine=engine, **dict(kwargs, max_length=max_length)
-            )
+            if capped is None:
+                results = self.engines.generate(window.output, prompts, engine=engine, **kwargs)
+            else:
+                results = self.engines.generate(
+                    window.output, prompts, engine=engine, **dict(kwargs, max_length=capped[1])
+                )
+        if capped is None or len(results[0].sequences_ids[0]) < capped[0]:  # it ended: the whole call's result
+            return results, Served(GENERATE, generate_seconds=watch.seconds)
         decoded = results[0].sequences_ids[0]
-        if len(decoded) < cap:  # it ended: the whole call's result
-            return results, None
-        if not self._loop.acquire(blocking=False):
-            return self.engines.generate(window.output, prompts, engine=engine, **kwargs), None
+        held = self._loop.acquire(blocking=False)
         try:
-            if not self._loop_ready():
-                return self.engines.generate(window.output, prompts, engine=engine, **kwargs), None
-            with self._counting:
-                self.stats.continued_rows += 1
-            return self._speculative_rows(window, prompts, route.options, kwargs, tuple(decoded)), watch.seconds
+            if held and self._loop_ready():
+                with self._counting:
+                    self.stats.continued_rows += 1
+                with Stopwatch() as loop_watch:
+                    results = self._speculative_rows(window, prompts, route.options, kwargs, tuple(decoded))
+                return results, Served(CONTINUED, generate_seconds=watch.seconds, loop_seconds=loop_watch.seconds)
         finally:
-            self._loop.release()
+            if held:
+                self._loop.release()
+        with Stopwatch() as again:  # the loop cannot take it: the whole call in generate()
+            results = self.engines.generate(window.output, prompts, engine=engine, **kwargs)
+        return results, Served(GENERATE, generate_seconds=watch.seconds + again.seconds)
 
     def _continuation_cap(self, window: EncodedWindow, prompts, options: DecodingOptions) -> Optional[Tuple[int, int]]:
         """(tokens after which ``_generate_or_continue`` hands a call to the loop, the

@@ -22,7 +22,7 @@ import faster_whisper
 import numpy as np
 from faster_whisper import WhisperModel
 
-from ct2_flash.adapter.audio import checked_audio
+from ct2_flash.adapter.audio import OneThreadFeatures, checked_audio
 from ct2_flash.adapter.engine_pair import Engines
 from ct2_flash.adapter.routing import CallRouter, EngineRouter, inexact_reason
 from ct2_flash.adapter.speculative_whisper import SpeculativeWhisper
@@ -267,6 +267,7 @@ class FlashWhisperModel(WhisperModel):
             stopping.detach()
         weakref.finalize(self, engines.close)  # the worker stops with the model, or at exit
         self.model = SpeculativeWhisper(self.model, decoder, vocabulary, call_router, near_exact, engines, redecodes)
+        self.feature_extractor = OneThreadFeatures(self.feature_extractor)
 
     def _decoder(
         self,
