@@ -14,7 +14,8 @@ SYSTEM_NAMES = {
 
 
 def write_plots(document: dict, out_dir: str) -> List[str]:
-    """Speedup by duration bucket, acceptance by draft position, where the time goes.
+    """Speedup by duration bucket, acceptance by draft position, where the time goes, and the
+    drafter's calibration where the runs have it.
 
     One figure each, every setting of the document in it; returns the written paths.
     """
@@ -29,8 +30,22 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
         f"{s['compute_type']}, {s['threads']} thr" + (f", T={s['temperature']:g}" if s.get("temperature") else "")
         for s in settings
     ]
-    paths = []
+    paths = [
+        _save(_speedups(plt, settings, labels), out_dir, "speedup_by_duration.png"),
+        _save(_acceptance(plt, settings, labels), out_dir, "acceptance_by_position.png"),
+        _save(_time_split(plt, settings, labels), out_dir, "time_split.png"),
+    ]
+    calibrated = [(label, setting["summary"].get("calibration") or []) for label, setting in zip(labels, settings)]
+    if any(table for _, table in calibrated):
+        figure, axes = plt.subplots(1, len(calibrated), figsize=(5 * len(calibrated), 4), squeeze=False)
+        for axis, (label, table) in zip(axes[0], calibrated):
+            draw_calibration(axis, table, f"draft calibration, {label}")
+        paths.append(_save(figure, out_dir, "calibration.png"))
+    return paths
 
+
+def _speedups(plt, settings: List[dict], labels: List[str]):
+    """Decode and whole-path speedup by duration bucket, with 95% intervals."""
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, part in zip(axes, ("decode", "whole")):
         for offset, (label, setting) in enumerate(zip(labels, settings)):
@@ -50,8 +65,11 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
         axis.set_xlabel("utterance duration bucket")
     axes[0].set_ylabel("faster-whisper time / ct2-flash time")
     axes[0].legend()
-    paths.append(_save(figure, out_dir, "speedup_by_duration.png"))
+    return figure
 
+
+def _acceptance(plt, settings: List[dict], labels: List[str]):
+    """How often a draft at each position was accepted, given it was proposed."""
     figure, axis = plt.subplots(figsize=(6, 4))
     for label, setting in zip(labels, settings):
         by_position = [v for v in setting["summary"]["acceptance_by_position"] if v is not None]
@@ -61,8 +79,11 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
     axis.set_ylim(0, 1)
     axis.set_title("acceptance by draft position")
     axis.legend()
-    paths.append(_save(figure, out_dir, "acceptance_by_position.png"))
+    return figure
 
+
+def _time_split(plt, settings: List[dict], labels: List[str]):
+    """Each system's seconds by part, stacked, the rest of the whole path last."""
     rows, names = [], []
     for label, setting in zip(labels, settings):
         for system, summary in setting["summary"]["systems"].items():
@@ -79,15 +100,7 @@ def write_plots(document: dict, out_dir: str) -> List[str]:
     axis.set_xlabel("seconds (sum over utterances, median over repeats)")
     axis.set_title("where the time goes")
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    paths.append(_save(figure, out_dir, "time_split.png"))
-
-    calibrated = [(label, setting["summary"].get("calibration") or []) for label, setting in zip(labels, settings)]
-    if any(table for _, table in calibrated):
-        figure, axes = plt.subplots(1, len(calibrated), figsize=(5 * len(calibrated), 4), squeeze=False)
-        for axis, (label, table) in zip(axes[0], calibrated):
-            draw_calibration(axis, table, f"draft calibration, {label}")
-        paths.append(_save(figure, out_dir, "calibration.png"))
-    return paths
+    return figure
 
 
 def draw_calibration(axis, table: List[List[dict]], title: str) -> None:

@@ -293,22 +293,7 @@ class OnnxDrafter(Drafter):
         self._bind_logits = False  # whether the window binds the logits output (sampling)
         self._output_rows: Optional[int] = None  # rows of the proposal the outputs were bound for
         # The proposal distribution, for sampled decoding, where the graph has it.
-        self._vocabulary = None
-        if manifest.vocabulary is not None and "logits" in propose["outputs"]:
-            vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
-            width = propose["outputs"]["logits"][-1]
-            if (
-                vocabulary.ndim != 1
-                or (isinstance(width, int) and width != len(vocabulary))
-                or len(vocabulary)
-                and not 0 <= vocabulary.min() <= vocabulary.max() < self.vocab_size
-            ):
-                raise CheckpointError(
-                    f"{os.path.join(directory, EXPORT_FILE)}: its vocabulary does not match the "
-                    f"proposal graph's {width} logits of a {self.vocab_size}-token model; rewrite "
-                    f"it with ct2-flash convert-drafter CHECKPOINT {directory} --force"
-                )
-            self._vocabulary = vocabulary
+        self._vocabulary = _proposal_vocabulary(manifest, propose, self.vocab_size, directory)
         self._audio_kv: List[np.ndarray] = []  # per layer keys, values [heads, frames, head_dim]
         self._audio_span = (0, 0)  # the frames the binding reads
         self._bound_audio: List[np.ndarray] = []
@@ -403,3 +388,28 @@ class OnnxDrafter(Drafter):
             vocabulary=self._vocabulary,
         )
         return cut_by_confidence(proposal, self.min_confidence)
+
+
+def _proposal_vocabulary(manifest: ExportManifest, propose: dict, vocab_size: int, directory: str):
+    """The token ids of the proposal graph's logit columns (its shortlist), for sampled
+    decoding, or None where the graph has no logits or the manifest no vocabulary.
+
+    Raises:
+        CheckpointError: the ids do not fit the graph's logits or a ``vocab_size``-token model.
+    """
+    if manifest.vocabulary is None or "logits" not in propose["outputs"]:
+        return None
+    vocabulary = np.asarray(manifest.vocabulary, dtype=np.int64)
+    width = propose["outputs"]["logits"][-1]
+    if (
+        vocabulary.ndim != 1
+        or (isinstance(width, int) and width != len(vocabulary))
+        or len(vocabulary)
+        and not 0 <= vocabulary.min() <= vocabulary.max() < vocab_size
+    ):
+        raise CheckpointError(
+            f"{os.path.join(directory, EXPORT_FILE)}: its vocabulary does not match the "
+            f"proposal graph's {width} logits of a {vocab_size}-token model; rewrite "
+            f"it with ct2-flash convert-drafter CHECKPOINT {directory} --force"
+        )
+    return vocabulary
