@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ct2_flash.adapter.audio import audio_frames, check_features
 from ct2_flash.adapter.engine_pair import Engines
@@ -252,17 +252,28 @@ class SpeculativeWhisper:
                 results = self.engines.generate(window.output, prompts, engine=route.engine, **kwargs)
             return results, Served(UNCHANGED, generate_seconds=watch.seconds)
         # Another thread in the loop: this call takes CTranslate2's way rather than wait.
-        held = route.loop and self._loop.acquire(blocking=route.wait)
-        try:
-            if held and self._loop_ready():
-                with Stopwatch() as watch:
-                    results = self._speculative_rows(window, prompts, route.options, kwargs, route.previous)
-                return results, Served(LOOP, loop_seconds=watch.seconds)
-        finally:
-            if held:
-                self._loop.release()
+        if route.loop:
+            looped = self._in_loop(
+                lambda: self._speculative_rows(window, prompts, route.options, kwargs, route.previous), route.wait
+            )
+            if looped is not None:
+                return looped[0], Served(LOOP, loop_seconds=looped[1])
         # Speculation measured slower (or is busy): the very call faster-whisper makes.
         return self._generate_or_continue(window, prompts, route, kwargs)
+
+    def _in_loop(self, decode: Callable[[], list], wait: bool) -> Optional[Tuple[list, float]]:
+        """(``decode()``'s results, its seconds), run while this call holds the loop; None where
+        another thread holds it (unless ``wait``) or the loop is not ready."""
+        if not self._loop.acquire(blocking=wait):
+            return None
+        try:
+            if not self._loop_ready():
+                return None
+            with Stopwatch() as watch:
+                results = decode()
+            return results, watch.seconds
+        finally:
+            self._loop.release()
 
     def _book(self, window: EncodedWindow, prompts, route: Route, results: list, served: Served) -> None:
         """Count a call once, where it ran: its rows and seconds in ``stats``; its cost for its
@@ -327,26 +338,16 @@ class SpeculativeWhisper:
         engine = route.engine or self.engines.engine_for(window.output, kwargs, len(prompts))
         capped = None if route.loop else self._continuation_cap(window, prompts, route.options)
         with Stopwatch() as watch:
-            if capped is None:
-                results = self.engines.generate(window.output, prompts, engine=engine, **kwargs)
-            else:
-                results = self.engines.generate(
-                    window.output, prompts, engine=engine, **dict(kwargs, max_length=capped[1])
-                )
+            limited = kwargs if capped is None else dict(kwargs, max_length=capped[1])
+            results = self.engines.generate(window.output, prompts, engine=engine, **limited)
         if capped is None or len(results[0].sequences_ids[0]) < capped[0]:  # it ended: the whole call's result
             return results, Served(GENERATE, generate_seconds=watch.seconds)
-        decoded = results[0].sequences_ids[0]
-        held = self._loop.acquire(blocking=False)
-        try:
-            if held and self._loop_ready():
-                with self._counting:
-                    self.stats.continued_rows += 1
-                with Stopwatch() as loop_watch:
-                    results = self._speculative_rows(window, prompts, route.options, kwargs, tuple(decoded))
-                return results, Served(CONTINUED, generate_seconds=watch.seconds, loop_seconds=loop_watch.seconds)
-        finally:
-            if held:
-                self._loop.release()
+        decoded = tuple(results[0].sequences_ids[0])
+        looped = self._in_loop(lambda: self._speculative_rows(window, prompts, route.options, kwargs, decoded), False)
+        if looped is not None:
+            with self._counting:
+                self.stats.continued_rows += 1
+            return looped[0], Served(CONTINUED, generate_seconds=watch.seconds, loop_seconds=looped[1])
         with Stopwatch() as again:  # the loop cannot take it: the whole call in generate()
             results = self.engines.generate(window.output, prompts, engine=engine, **kwargs)
         return results, Served(GENERATE, generate_seconds=watch.seconds + again.seconds)

@@ -11,6 +11,24 @@ from ct2_flash.loop.draft_lengths import CONFIDENCE_BINS, DraftLengths
 OFFERED_ENDS = ("whole block", "timestamp", "text", "unsure")
 
 
+def _former_name(old: str, new: str) -> property:
+    """A property under a counter's former name ``old`` that reads and writes ``new``, with a
+    ``DeprecationWarning``."""
+
+    def warn() -> None:
+        warnings.warn(f"SpecStats.{old} is now SpecStats.{new}", DeprecationWarning, stacklevel=3)
+
+    def read(stats):
+        warn()
+        return getattr(stats, new)
+
+    def write(stats, value) -> None:
+        warn()
+        setattr(stats, new, value)
+
+    return property(read, write)
+
+
 @dataclass
 class SpecStats:
     """What the speculative loop did since the last reset.
@@ -89,26 +107,10 @@ class SpecStats:
     offered_ends: Dict[str, int] = field(default_factory=dict)
     calibration: List[List[List[int]]] = field(default_factory=list)
 
-    # The names these counters had before: readable for one more release, with a warning.
-    generate_calls = property(
-        lambda self: self._renamed("generate_calls", "rows_in_loop"),
-        lambda self, value: self._renamed("generate_calls", "rows_in_loop", value),
-    )
-    generate_rows = property(
-        lambda self: self._renamed("generate_rows", "rows_in_generate"),
-        lambda self, value: self._renamed("generate_rows", "rows_in_generate", value),
-    )
-    fallback_calls = property(
-        lambda self: self._renamed("fallback_calls", "unchanged_calls"),
-        lambda self, value: self._renamed("fallback_calls", "unchanged_calls", value),
-    )
-
-    def _renamed(self, old: str, new: str, value=None):
-        warnings.warn(f"SpecStats.{old} is now SpecStats.{new}", DeprecationWarning, stacklevel=3)
-        if value is None:
-            return getattr(self, new)
-        setattr(self, new, value)
-        return None
+    # The names these counters had before: readable and writable for one more release, with a warning.
+    generate_calls = _former_name("generate_calls", "rows_in_loop")
+    generate_rows = _former_name("generate_rows", "rows_in_generate")
+    fallback_calls = _former_name("fallback_calls", "unchanged_calls")
 
     @property
     def acceptance_rate(self) -> float:
