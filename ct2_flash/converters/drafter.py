@@ -131,9 +131,13 @@ def convert_drafter(
 
 def export_graphs(model, directory: str) -> None:
     """Write the float32 and int8 graphs of ``model`` (a ``FlashDrafterModel``) into ``directory``."""
-    import onnx
+    for name, graph in _graphs(model).items():
+        _write_graph(directory, name, *graph)
+
+
+def _graphs(model) -> dict:
+    """Name -> (module, example inputs, input names, output names, dynamic axes) of each graph."""
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from ct2_flash.converters.graphs import AudioKeys, HistoryKeys, ProposeBlock, cache_names
 
@@ -145,7 +149,7 @@ def export_graphs(model, directory: str) -> None:
     with torch.no_grad():
         audio = AudioKeys(model)(encoder_output)
         history = HistoryKeys(model)(states, positions)
-    graphs = {
+    return {
         "audio": (
             AudioKeys(model),
             (encoder_output,),
@@ -173,27 +177,34 @@ def export_graphs(model, directory: str) -> None:
             },
         ),
     }
-    for name, (module, args, inputs, outputs, dynamic) in graphs.items():
-        float32_path = os.path.join(directory, _FILES["float32"][name])
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(
-                module,
-                args,
-                float32_path,
-                dynamo=False,
-                opset_version=OPSET,
-                input_names=inputs,
-                output_names=outputs,
-                dynamic_axes=dynamic,
-            )
-        quiet = logging.getLogger().level
-        logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic logs advice at WARNING on the root logger
-        try:
-            quantize_dynamic(float32_path, os.path.join(directory, _FILES["int8"][name]), weight_type=QuantType.QInt8)
-        finally:
-            logging.getLogger().setLevel(quiet)
-        onnx.save(_float16_storage(onnx.load(float32_path)), float32_path)
+
+
+def _write_graph(directory: str, name: str, module, args, inputs, outputs, dynamic) -> None:
+    """Export one graph at float32 (its large weights stored as float16) and its int8 quantization."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    float32_path = os.path.join(directory, _FILES["float32"][name])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(
+            module,
+            args,
+            float32_path,
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic,
+        )
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic logs advice at WARNING on the root logger
+    try:
+        quantize_dynamic(float32_path, os.path.join(directory, _FILES["int8"][name]), weight_type=QuantType.QInt8)
+    finally:
+        logging.getLogger().setLevel(quiet)
+    onnx.save(_float16_storage(onnx.load(float32_path)), float32_path)
 
 
 def _float16_storage(graph_model):

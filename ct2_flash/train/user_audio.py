@@ -176,44 +176,13 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
         tqdm(total=len(pending), desc="audio", unit="file", disable=not progress) as bar,
     ):
         for path in pending:
-            index = order.index(path)
             try:
                 audio = checked_audio(path, SAMPLING_RATE)
             except (AudioError, OSError) as error:
                 source = Source(path=path, split=split[path], skipped=f"unreadable: {error}")
             else:
-                windows = speech_windows(audio)
-                entries = [
-                    _write_window(audio_dir, f"f{index:05d}w{number:03d}", window, path, split[path])
-                    for number, window in enumerate(windows)
-                ]
-                if split[path] == "train":
-                    entries += [
-                        _write_window(audio_dir, f"f{index:05d}w{number:03d}c{copy + 1}", faster, path, "train")
-                        for number, window in enumerate(windows)
-                        for copy, faster in enumerate(speed_copies(window, copies, f"{index}/{number}"))
-                    ]
-                for entry in (e for e in entries if e["id"] not in written):
-                    manifest.write(json.dumps(entry) + "\n")
-                manifest.flush()
-                reason = (
-                    ""
-                    if windows
-                    else (
-                        "empty"
-                        if audio.size == 0
-                        else f"shorter than {MIN_SECONDS} s"
-                        if audio.size < MIN_SECONDS * SAMPLING_RATE
-                        else "no speech found by the VAD"
-                    )
-                )
-                source = Source(
-                    path=path,
-                    split=split[path],
-                    windows=len(windows),
-                    seconds=round(sum(w.size for w in windows) / SAMPLING_RATE, 3),
-                    skipped=reason,
-                )
+                index = order.index(path)
+                source = _write_file(audio_dir, manifest, written, path, index, split[path], audio, copies)
             if source.skipped:
                 logger.warning("ct2-flash adapt: skipped %s: %s", path, source.skipped)
             log.write(json.dumps(asdict(source)) + "\n")
@@ -221,6 +190,41 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
             done[path] = source
             bar.update(1)
     return [done[path] for path in order]
+
+
+def _write_file(audio_dir, manifest, written, path, index, split, audio, copies) -> Source:
+    """Write one file's windows (and a training file's speed copies) to ``audio_dir`` and
+    their entries to ``manifest``, leaving out the ids in ``written``; returns its outcome."""
+    windows = speech_windows(audio)
+    entries = [
+        _write_window(audio_dir, f"f{index:05d}w{number:03d}", window, path, split)
+        for number, window in enumerate(windows)
+    ]
+    if split == "train":
+        entries += [
+            _write_window(audio_dir, f"f{index:05d}w{number:03d}c{copy + 1}", faster, path, "train")
+            for number, window in enumerate(windows)
+            for copy, faster in enumerate(speed_copies(window, copies, f"{index}/{number}"))
+        ]
+    for entry in (e for e in entries if e["id"] not in written):
+        manifest.write(json.dumps(entry) + "\n")
+    manifest.flush()
+    return Source(
+        path=path,
+        split=split,
+        windows=len(windows),
+        seconds=round(sum(w.size for w in windows) / SAMPLING_RATE, 3),
+        skipped="" if windows else _no_windows_reason(audio),
+    )
+
+
+def _no_windows_reason(audio: np.ndarray) -> str:
+    """Why a readable file gave no window to train on."""
+    if audio.size == 0:
+        return "empty"
+    if audio.size < MIN_SECONDS * SAMPLING_RATE:
+        return f"shorter than {MIN_SECONDS} s"
+    return "no speech found by the VAD"
 
 
 # Speed factors of the copies: the range of speed perturbation in speech recognition training
