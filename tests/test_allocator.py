@@ -15,6 +15,7 @@ from ct2_flash.stock.allocator import (
     Allocator,
     find_tcmalloc,
     loaded_allocator,
+    preload_for_command,
     tuned_allocator,
 )
 
@@ -89,3 +90,45 @@ def test_the_client_harness_runs_tuned_stock_on_stock_with_the_tuned_allocator()
     for system in ("plain", "same", "flash"):
         _, environment = command(system, ["client"])
         assert all(environment.get(key) == os.environ.get(key) for key in tuned_allocator().variables)
+
+
+# A command that runs preload_for_command first, then says what it runs and what its children get.
+_COMMAND = (
+    "import os; from ct2_flash.stock.allocator import loaded_allocator, preload_for_command; "
+    "preload_for_command(); print(loaded_allocator(os.getpid()), repr(os.environ.get('LD_PRELOAD')), "
+    "'CT2_FLASH_PRELOADED_FROM' in os.environ)"
+)
+
+
+def _command(**variables) -> str:
+    environment = {key: value for key, value in os.environ.items() if key not in ("LD_PRELOAD", "CT2_FLASH_ALLOCATOR")}
+    run = subprocess.run(
+        [sys.executable, "-c", _COMMAND], env={**environment, **variables}, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+@needs_tcmalloc
+def test_a_transcribing_command_runs_again_under_tcmalloc_and_its_children_do_not_inherit_it():
+    assert _command() == "tcmalloc None False"
+    assert _command(LD_PRELOAD="") == "tcmalloc None False"  # an empty preload is none
+
+
+def test_a_command_told_glibc_or_without_tcmalloc_runs_as_it_is(tmp_path):
+    assert _command(CT2_FLASH_ALLOCATOR="glibc") == "glibc None False"
+    assert _command(CT2_FLASH_TCMALLOC=str(tmp_path / "missing.so")) == "glibc None False"
+
+
+def test_a_command_run_again_puts_its_former_preload_back(monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/lib/tcmalloc.so:/lib/b.so")
+    monkeypatch.setenv("CT2_FLASH_PRELOADED_FROM", "/lib/b.so")
+    preload_for_command()
+    assert os.environ["LD_PRELOAD"] == "/lib/b.so" and "CT2_FLASH_PRELOADED_FROM" not in os.environ
+
+
+def test_an_unknown_allocator_choice_is_refused(monkeypatch):
+    monkeypatch.delenv("CT2_FLASH_PRELOADED_FROM", raising=False)
+    monkeypatch.setenv("CT2_FLASH_ALLOCATOR", "jemalloc")
+    with pytest.raises(ValueError, match="CT2_FLASH_ALLOCATOR"):
+        preload_for_command()

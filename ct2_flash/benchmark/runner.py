@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from ct2_flash.benchmark.measure import Measurement, measure
 from ct2_flash.benchmark.stock import STOCK_SYSTEMS, StockWorker, allocators_of, stock_systems
 from ct2_flash.engine.models import resolve_model
 from ct2_flash.loop.draft_lengths import CONFIDENCE_BINS
+from ct2_flash.stock.allocator import loaded_allocator
 
 SAMPLE_RATE = 16000
 
@@ -227,6 +229,9 @@ def run_setting(
         else None,
         "stock_ctranslate2": stocks["stock"].version if stocks else None,
         "stock_allocators": allocators_of(stocks),
+        # ct2-flash's own process (the features, the loop): tcmalloc where ``ct2-flash bench`` ran
+        # under it (``stock.allocator.preload_for_command``)
+        "flash_allocator": loaded_allocator(os.getpid()),
         # The stock engine's worker (if on): generate() calls each engine served over the
         # whole setting (warm-up included), and the greedy costs per token it measured.
         "engines": _engines_report(flash.model.engines),

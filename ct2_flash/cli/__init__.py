@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import List, Optional
 
 from ct2_flash.cli import adapt, bench, convert, demo, fetch, hook, run, stream, transcribe
@@ -21,9 +22,18 @@ from ct2_flash.cli import adapt, bench, convert, demo, fetch, hook, run, stream,
 # ``ct2-flash run`` (which must leave faster-whisper unloaded until the program imports it)
 # then load none of the engine, the benchmark or training code.
 SUBCOMMANDS = (demo, transcribe, bench, stream, convert, adapt, fetch, run, hook)
+# The commands that transcribe run under tcmalloc where it is installed, as tuned stock does
+# (``stock.allocator.preload_for_command``); ``ct2-flash`` alone is ``demo``.
+TRANSCRIBING = ("demo", "transcribe", "bench", "stream", "run")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The command line; ``argv`` None is this process's own (``sys.argv``), the only one that
+    may be run again under tcmalloc."""
+    if argv is None and (sys.argv[1:2] or ["demo"])[0] in TRANSCRIBING:
+        from ct2_flash.stock.allocator import preload_for_command
+
+        preload_for_command()
     parser = argparse.ArgumentParser(prog="ct2-flash", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command")
     for subcommand in SUBCOMMANDS:

@@ -17,6 +17,7 @@ with a message on stderr, so what a process actually runs is read from its memor
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
@@ -102,3 +103,35 @@ def loaded_allocator(pid: int) -> str:
     except OSError:
         return "unknown"
     return "tcmalloc" if "libtcmalloc" in maps else "glibc"
+
+
+# Set in a command re-executed under tcmalloc (``preload_for_command``): the LD_PRELOAD it had
+# before ("" for none), so the command neither loops nor hands its preload to its children.
+_PRELOADED = "CT2_FLASH_PRELOADED_FROM"
+
+
+def preload_for_command() -> None:
+    """Run this command again with tcmalloc preloaded, as tuned stock's users run faster-whisper,
+    where the library is installed and not loaded yet: ``os.execve`` of this interpreter with
+    its command line (``sys.orig_argv``; call this before the command does anything: the process
+    is replaced). Does nothing where ``CT2_FLASH_ALLOCATOR=glibc``, where tcmalloc is missing or
+    already loaded, before Python 3.10, or in the command run again (its former ``LD_PRELOAD`` is
+    put back in ``os.environ`` there, for its children). A preload the loader refuses leaves
+    glibc (the loader says so on stderr) and the command runs.
+    """
+    if _PRELOADED in os.environ:
+        before = os.environ.pop(_PRELOADED)
+        if before:
+            os.environ["LD_PRELOAD"] = before
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        return
+    choice = os.environ.get("CT2_FLASH_ALLOCATOR", "tcmalloc")
+    if choice not in ("tcmalloc", "glibc"):
+        raise ValueError(f"CT2_FLASH_ALLOCATOR={choice!r}: use 'tcmalloc' or 'glibc'")
+    command = getattr(sys, "orig_argv", None)  # Python 3.10+
+    if choice == "glibc" or not command or find_tcmalloc() is None or loaded_allocator(os.getpid()) != "glibc":
+        return
+    environment = tuned_allocator().environment(os.environ)
+    environment[_PRELOADED] = os.environ.get("LD_PRELOAD", "")
+    os.execve(sys.executable, command, environment)
