@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-from ct2_flash.jobs.collection import CollectionError, FileResult, find_audio, transcribe_files
+from ct2_flash.jobs.collection import (
+    AudioFile,
+    CollectionError,
+    FileResult,
+    find_audio,
+    largest_first,
+    transcribe_files,
+)
 from ct2_flash.jobs.outputs import FORMATS, WRITERS
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -213,6 +220,14 @@ def test_the_default_layout_is_a_job_per_core(files, jobs, threads, cores, layou
     from ct2_flash.jobs.collection import default_layout
 
     assert default_layout(files, jobs, threads, cores) == layout
+
+
+def test_files_in_flight_start_largest_first_ties_in_their_order(tmp_path):
+    sizes = {"a": 10, "b": 30, "c": 10, "d": 20}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+    files = [AudioFile(str(tmp_path / name), name) for name in [*sizes, "gone"]]
+    assert [audio.stem for audio in largest_first(files)] == ["b", "d", "a", "c", "gone"]
 
 
 def test_without_ray_the_ray_option_says_how_to_get_it(tmp_path, monkeypatch):

@@ -310,7 +310,8 @@ def transcribe_found(
     sharing ``model``, which should be built with faster-whisper's ``num_workers=jobs``
     (CTranslate2 then runs that many calls at once, each on a replica with ``cpu_threads``
     threads; the worker runs the files' concurrent ``generate()`` calls as one where they can
-    share one, each file's output unchanged); results come as files finish. An interruption
+    share one, each file's output unchanged), the largest started first (``largest_first``);
+    results come as files finish. An interruption
     (Ctrl-C, closing the iterator) lets the files being transcribed finish and write their
     outputs, and starts no other.
     """
@@ -331,7 +332,7 @@ def transcribe_found(
     with ThreadPoolExecutor(slots, thread_name_prefix="ct2-flash-transcribe") as pool:
         running: Set[Future] = set()
         try:
-            for audio in todo:
+            for audio in largest_first(todo):
                 running.add(pool.submit(_transcribe_one, model, audio, output_dir, formats, transcribe_options))
                 if len(running) >= slots:
                     finished, running = wait(running, return_when=FIRST_COMPLETED)
@@ -344,6 +345,21 @@ def transcribe_found(
         finally:
             for future in running:
                 future.cancel()  # not started yet: never started; running ones finish whole
+
+
+def largest_first(files: Sequence[AudioFile]) -> List[AudioFile]:
+    """``files`` in the order to start them when several are in flight: the largest on disk
+    first (a stand-in for the longest, known without opening them; ties keep their order). A
+    recording's windows are decoded one after another, each after the last; started first, they
+    run beside the short files, whose windows batch, rather than alone at the end."""
+
+    def size(audio: AudioFile) -> int:
+        try:
+            return os.path.getsize(audio.path)
+        except OSError:  # its transcription will say why
+            return 0
+
+    return sorted(files, key=size, reverse=True)
 
 
 def _default_model(jobs: int):
