@@ -311,9 +311,8 @@ def transcribe_found(
     (CTranslate2 then runs that many calls at once, each on a replica with ``cpu_threads``
     threads; the worker runs the files' concurrent ``generate()`` calls as one where they can
     share one, each file's output unchanged), the largest started first (``largest_first``);
-    results come as files finish. An interruption
-    (Ctrl-C, closing the iterator) lets the files being transcribed finish and write their
-    outputs, and starts no other.
+    results come as files finish. An interruption (Ctrl-C, closing the iterator) lets the files
+    being transcribed finish and write their outputs, and starts no other.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
