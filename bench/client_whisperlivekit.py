@@ -127,15 +127,7 @@ def child(args) -> None:
     result = {"system": args.system, "ctranslate2": ctranslate2.__version__, "runs": runs, "allocator": allocator}
     if args.system == "flash":
         stats = model.spec_stats
-        result["loop"] = {
-            "redecodes": stats.redecodes,
-            "tokens_per_target_call": stats.tokens_per_call,
-            "continued_rows": stats.continued_rows,
-            "rows_in_loop": stats.rows_in_loop,
-            "rows_in_generate": stats.rows_in_generate,
-            "offered": stats.offered,
-            "offered_accepted": stats.offered_accepted,
-        }
+        result["loop"] = {**stats.redecode_counts(), "continued_rows": stats.continued_rows}
         model.model.engines.close()
     print(json.dumps(result))
 

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         "iterations": as_records(iterations),
     }
     if not args.baseline:
-        document["loop"] = _loop_counts(model.spec_stats)
+        document["loop"] = model.spec_stats.redecode_counts()
         model.model.engines.close()
     result = document["summary"]
     print(
@@ -90,15 +90,3 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as stream:
             json.dump(document, stream, indent=2)
     return 0
-
-
-def _loop_counts(stats) -> dict:
-    """What the speculative loop did over the stream (``SpecStats``), for the JSON."""
-    return {
-        "redecodes": stats.redecodes,
-        "tokens_per_target_call": stats.tokens_per_call,
-        "offered": stats.offered,
-        "offered_accepted": stats.offered_accepted,
-        "rows_in_loop": stats.rows_in_loop,
-        "rows_in_generate": stats.rows_in_generate,
-    }

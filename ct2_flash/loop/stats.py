@@ -127,6 +127,19 @@ class SpecStats:
         """Time from encoder output to last token (drafter + verification + other)."""
         return self.drafter_seconds + self.verify_seconds + self.other_seconds
 
+    def redecode_counts(self) -> Dict[str, float]:
+        """What a stream's re-decodes came to, for a report: re-decodes, tokens per target call,
+        the previous hypothesis's tokens offered and accepted, rows in the loop and in
+        ``generate()``."""
+        return {
+            "redecodes": self.redecodes,
+            "tokens_per_target_call": self.tokens_per_call,
+            "offered": self.offered,
+            "offered_accepted": self.offered_accepted,
+            "rows_in_loop": self.rows_in_loop,
+            "rows_in_generate": self.rows_in_generate,
+        }
+
     def record_round(self, proposed: int, accepted: int) -> None:
         grow = proposed - len(self.proposed_by_position)
         if grow > 0:

@@ -93,6 +93,18 @@ def tuned_allocator() -> Allocator:
     return Allocator("glibc settings", None, dict(GLIBC_SETTINGS))
 
 
+def chosen_allocator(variable: str) -> str:
+    """ "tcmalloc" (the default) or "glibc", as the environment variable ``variable`` asks.
+
+    Raises:
+        ValueError: any other value.
+    """
+    choice = os.environ.get(variable, "tcmalloc")
+    if choice not in ("tcmalloc", "glibc"):
+        raise ValueError(f"{variable}={choice!r}: use 'tcmalloc' or 'glibc'")
+    return choice
+
+
 def loaded_allocator(pid: int) -> str:
     """Which allocator process ``pid`` runs: "tcmalloc" if a tcmalloc library is mapped in it,
     else "glibc" (its memory maps, so a refused preload shows as glibc). "unknown" where the
@@ -126,12 +138,11 @@ def preload_for_command() -> None:
         else:
             os.environ.pop("LD_PRELOAD", None)
         return
-    choice = os.environ.get("CT2_FLASH_ALLOCATOR", "tcmalloc")
-    if choice not in ("tcmalloc", "glibc"):
-        raise ValueError(f"CT2_FLASH_ALLOCATOR={choice!r}: use 'tcmalloc' or 'glibc'")
+    choice = chosen_allocator("CT2_FLASH_ALLOCATOR")
     command = getattr(sys, "orig_argv", None)  # Python 3.10+
-    if choice == "glibc" or not command or find_tcmalloc() is None or loaded_allocator(os.getpid()) != "glibc":
+    tuned = tuned_allocator()
+    if choice == "glibc" or not command or tuned.library is None or loaded_allocator(os.getpid()) != "glibc":
         return
-    environment = tuned_allocator().environment(os.environ)
+    environment = tuned.environment(os.environ)
     environment[_PRELOADED] = os.environ.get("LD_PRELOAD", "")
     os.execve(sys.executable, command, environment)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ct2_flash.engine import forks
 from ct2_flash.stock import protocol
-from ct2_flash.stock.allocator import GLIBC_DEFAULT, Allocator, tuned_allocator
+from ct2_flash.stock.allocator import GLIBC_DEFAULT, Allocator, chosen_allocator, tuned_allocator
 from ct2_flash.stock.location import installed, stock_dir
 
 logger = logging.getLogger("ct2_flash")
@@ -47,9 +47,7 @@ REQUEST_TIMEOUT = 300.0
 def worker_allocator(keep_freed_memory: bool) -> Allocator:
     """The worker's allocator: tcmalloc where installed, unless freed memory is to go back or
     ``CT2_FLASH_WORKER_ALLOCATOR=glibc``; otherwise glibc (its settings made by the worker)."""
-    choice = os.environ.get("CT2_FLASH_WORKER_ALLOCATOR", "tcmalloc")
-    if choice not in ("tcmalloc", "glibc"):
-        raise ValueError(f"CT2_FLASH_WORKER_ALLOCATOR={choice!r}: use 'tcmalloc' or 'glibc'")
+    choice = chosen_allocator("CT2_FLASH_WORKER_ALLOCATOR")
     tuned = tuned_allocator()
     return tuned if choice == "tcmalloc" and keep_freed_memory and tuned.library else GLIBC_DEFAULT
 

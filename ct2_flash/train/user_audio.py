@@ -169,6 +169,7 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
         with open(manifest_path, encoding="utf-8") as stream:
             written = {json.loads(line)["id"] for line in stream}
     order = list(split)
+    index_of = {path: index for index, path in enumerate(order)}  # a file's number in its windows' ids
     pending = [path for path in order if path not in done]
     with (
         open(manifest_path, "a", encoding="utf-8") as manifest,
@@ -181,8 +182,7 @@ def prepare(data_dir: str, split: Dict[str, str], progress: bool = True, copies:
             except (AudioError, OSError) as error:
                 source = Source(path=path, split=split[path], skipped=f"unreadable: {error}")
             else:
-                index = order.index(path)
-                source = _write_file(audio_dir, manifest, written, path, index, split[path], audio, copies)
+                source = _write_file(audio_dir, manifest, written, path, index_of[path], split[path], audio, copies)
             if source.skipped:
                 logger.warning("ct2-flash adapt: skipped %s: %s", path, source.skipped)
             log.write(json.dumps(asdict(source)) + "\n")
